@@ -1,0 +1,57 @@
+// FusedBatchNormV3 / FusedBatchNormGradV3: validation and device-independent orchestration
+// (csrc/fused_batch_norm.cpp), and the per-device kernel table each backend provides
+// (csrc/cpu/fused_batch_norm_kernel.cpp, csrc/cuda/fused_batch_norm_kernel.cu).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+#include <tuple>
+
+namespace torchops {
+namespace fbn {
+
+// The physical view every kernel works on: x is dense as [outer, C, inner], channel stride = inner.
+// Channels-first data is [N, C, spatial]; channels-last data (NHWC, or NCHW in channels_last memory)
+// is [N*spatial, C, 1]. Kernels read memory in this order, so neither layout needs a transpose.
+struct Layout {
+  int64_t outer = 0;
+  int64_t channels = 0;
+  int64_t inner = 0;
+  int64_t n() const { return outer * inner; }  // elements per channel
+};
+
+// Per-device kernels. All tensors are dense in the Layout's order; per-channel vectors are
+// contiguous [C] of the statistics dtype U. n() > 0 and channels > 0 whenever they are called.
+struct Kernels {
+  // y = normalized x; mean_out/var_out = batch mean and BIASED batch variance.
+  void (*train_forward)(const Layout&, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                        double epsilon, at::Tensor& y, at::Tensor& mean_out, at::Tensor& var_out);
+  // y = normalized x with the given statistics.
+  void (*infer_forward)(const Layout&, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                        const at::Tensor& mean, const at::Tensor& var, double epsilon, at::Tensor& y);
+  // x_backprop, scale_backprop, offset_backprop of §6 (training or freeze form).
+  void (*backward)(const Layout&, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
+                   const at::Tensor& mu, const at::Tensor& var, double epsilon, bool is_training,
+                   at::Tensor& dx, at::Tensor& dscale, at::Tensor& doffset);
+};
+
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using GradResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                      const at::Tensor& mean, const at::Tensor& variance, double epsilon,
+                      double exponential_avg_factor, c10::string_view data_format, bool is_training,
+                      const Kernels& kernels);
+
+GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at::Tensor& scale,
+                    const at::Tensor& reserve_space_1, const at::Tensor& reserve_space_2,
+                    const at::Tensor& reserve_space_3, double epsilon, c10::string_view data_format,
+                    bool is_training, const Kernels& kernels);
+
+// Index of the channel axis for a data_format ("NHWC" -> last, "NCHW" -> 1); validates the string
+// and that x's rank matches it.
+int64_t channel_dim(c10::string_view data_format, int64_t rank, const char* arg);
+
+}  // namespace fbn
+}  // namespace torchops

@@ -1,0 +1,9 @@
+"""One `torch.autograd.Function` per differentiable torchops op, one module per family.
+
+They call the same forward and grad ops as the C++ autograd (which `torch.ops.torchops.*` use by
+default) and hold no math of their own; they exist for users who want the documented
+forward/backward pair as an explicit Python Function.
+"""
+from .fused_batch_norm import FusedBatchNormV3
+
+__all__ = ["FusedBatchNormV3"]

@@ -1,0 +1,53 @@
+"""Timing helpers shared by the benchmark families."""
+import statistics
+import time
+from typing import Callable, List
+
+import torch
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_seconds(fn: Callable[[], object], device: torch.device, min_time: float = 0.5, warmup: int = 3,
+                   max_reps: int = 200) -> float:
+    """Median wall time of fn() over repetitions that together take about `min_time` seconds."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times: List[float] = []
+    budget_end = time.perf_counter() + min_time
+    while len(times) < 5 or (time.perf_counter() < budget_end and len(times) < max_reps):
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def side_by_side(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,
+                 min_time: float = 0.3):
+    """Median times of two callables measured in alternating rounds (so drift hits both alike)."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(median_seconds(ours, device, min_time))
+        b.append(median_seconds(native, device, min_time))
+    return statistics.median(a), statistics.median(b)
+
+
+def print_table(title: str, rows: List[dict], columns: List[str]) -> None:
+    print(f"\n== {title}")
+    widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]
+    print("  ".join(c.ljust(w) for c, w in zip(columns, widths)))
+    for r in rows:
+        print("  ".join(_fmt(r.get(c)).ljust(w) for c, w in zip(columns, widths)))
+
+
+def _fmt(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)

@@ -1,0 +1,49 @@
+"""FusedBatchNormV3 / GradV3 vs torch.ops.aten.native_batch_norm(_backward), same layout and dtype."""
+import torch
+
+from ._timing import print_table, side_by_side
+
+SHAPES = [(32, 64, 56, 56), (64, 256, 14, 14)]
+
+
+def _cases(device, dtype):
+    for shape in SHAPES:
+        for layout in ("NCHW", "channels_last"):
+            x = torch.randn(shape, device=device, dtype=dtype)
+            if layout == "channels_last":
+                x = x.contiguous(memory_format=torch.channels_last)
+            c = shape[1]
+            u = torch.float32
+            w = torch.rand(c, device=device, dtype=u) + 0.5
+            b = torch.randn(c, device=device, dtype=u)
+            rm = torch.randn(c, device=device, dtype=u)
+            rv = torch.rand(c, device=device, dtype=u) + 0.5
+            dy = torch.randn_like(x)
+            eps = 1e-3
+            ours_train = lambda: torch.ops.torchops.fused_batch_norm_v3(x, w, b, rm, rv, eps, 1.0, "NCHW", True)  # noqa: E731
+            nat_train = lambda: torch.ops.aten.native_batch_norm(x, w, b, None, None, True, 0.0, eps)  # noqa: E731
+            ours_inf = lambda: torch.ops.torchops.fused_batch_norm_v3(x, w, b, rm, rv, eps, 1.0, "NCHW", False)  # noqa: E731
+            nat_inf = lambda: torch.ops.aten.native_batch_norm(x, w, b, rm, rv, False, 0.0, eps)  # noqa: E731
+            _, _, _, rs1, rs2, rs3 = ours_train()
+            _, save_mean, save_invstd = nat_train()
+            ours_bwd = lambda: torch.ops.torchops.fused_batch_norm_grad_v3(dy, x, w, rs1, rs2, rs3, eps, "NCHW", True)  # noqa: E731
+            nat_bwd = lambda: torch.ops.aten.native_batch_norm_backward(  # noqa: E731
+                dy, x, w, None, None, save_mean, save_invstd, True, eps, [True, True, True])
+            nbytes = x.numel() * x.element_size()
+            yield shape, layout, "train fwd", ours_train, nat_train, 2 * nbytes
+            yield shape, layout, "backward", ours_bwd, nat_bwd, 3 * nbytes
+            yield shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes
+
+
+def run(args):
+    device = torch.device(args.device)
+    rows = []
+    min_time = 0.1 if args.quick else 0.3
+    for shape, layout, what, ours, native, nbytes in _cases(device, torch.float32):
+        t_ours, t_nat = side_by_side(ours, native, device, rounds=1 if args.quick else 3, min_time=min_time)
+        rows.append({"case": f"{what} {tuple(shape)} {layout}", "torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3,
+                     "ratio": t_ours / t_nat, "torchops_GB/s": nbytes / t_ours / 1e9,
+                     "native_GB/s": nbytes / t_nat / 1e9})
+    print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
+                ["case", "torchops_ms", "native_ms", "ratio", "torchops_GB/s", "native_GB/s"])
+    return rows

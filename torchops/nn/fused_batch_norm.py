@@ -1,0 +1,93 @@
+"""BatchNorm2d / BatchNorm3d on fused_batch_norm_v3.
+
+They subclass torch.nn.BatchNorm2d/3d, so the constructor, attributes, state_dict keys, `isinstance`
+checks and checkpoint loading are exactly torch's; only `forward` runs the fused op. Channels-last
+inputs go to the kernel as they are stored (no layout copies) and the output keeps their layout.
+"""
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+
+def _stats_dtype(x: Tensor) -> torch.dtype:
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+class _FusedBatchNorm(nn.modules.batchnorm._BatchNorm):
+    _data_format: str = "NCHW"
+
+    def _as_stats(self, t: Optional[Tensor], fill: float, x: Tensor) -> Tensor:
+        dtype = _stats_dtype(x)
+        if t is None:
+            return torch.full([self.num_features], fill, dtype=dtype, device=x.device)
+        return t.to(dtype)
+
+    def forward(self, input: Tensor) -> Tensor:
+        self._check_input_dim(input)
+        # Same bookkeeping as torch.nn.modules.batchnorm._BatchNorm.forward.
+        eaf = 0.0 if self.momentum is None else self.momentum
+        if self.training and self.track_running_stats:
+            if self.num_batches_tracked is not None:
+                self.num_batches_tracked.add_(1)
+                if self.momentum is None:  # cumulative moving average
+                    eaf = 1.0 / float(self.num_batches_tracked)
+                else:
+                    eaf = self.momentum
+        bn_training = self.training or (self.running_mean is None and self.running_var is None)
+        running_mean = self.running_mean if not self.training or self.track_running_stats else None
+        running_var = self.running_var if not self.training or self.track_running_stats else None
+        if bn_training:
+            size = input.numel() // input.shape[1]
+            if size == 1:
+                raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
+
+        scale = self._as_stats(self.weight, 1.0, input)
+        offset = self._as_stats(self.bias, 0.0, input)
+        update = bn_training and running_mean is not None and running_var is not None
+        if bn_training and not update:
+            stats_dtype = _stats_dtype(input)
+            mean = torch.empty([0], dtype=stats_dtype, device=input.device)
+            var = torch.empty([0], dtype=stats_dtype, device=input.device)
+            eaf = 1.0
+        else:
+            assert running_mean is not None and running_var is not None
+            mean = running_mean.to(_stats_dtype(input))
+            var = running_var.to(_stats_dtype(input))
+        y, batch_mean, batch_var, _, _, _ = torch.ops.torchops.fused_batch_norm_v3(
+            input, scale, offset, mean, var, self.eps, eaf, self._data_format, bn_training)
+        if update:
+            assert running_mean is not None and running_var is not None
+            with torch.no_grad():
+                running_mean.copy_(batch_mean)
+                running_var.copy_(batch_var)
+        return y
+
+
+class BatchNorm2d(_FusedBatchNorm, nn.BatchNorm2d):
+    """Drop-in `torch.nn.BatchNorm2d` (N, C, H, W) running torchops' fused kernels."""
+
+    _data_format: str = "NCHW"
+
+
+class BatchNorm3d(_FusedBatchNorm, nn.BatchNorm3d):
+    """Drop-in `torch.nn.BatchNorm3d` (N, C, D, H, W) running torchops' fused kernels."""
+
+    _data_format: str = "NCDHW"
+
+
+def convert_batchnorm(module: nn.Module) -> nn.Module:
+    """Replace every `nn.BatchNorm2d`/`nn.BatchNorm3d` inside `module` (in place) by its torchops
+    twin, keeping parameters, buffers, device, dtype and train/eval mode. Returns `module`, or the
+    replacement when `module` itself is a batch norm."""
+
+    def swap(m: nn.Module) -> nn.Module:
+        if type(m) is nn.BatchNorm2d:
+            m.__class__ = BatchNorm2d  # same object: parameters, buffers, hooks and optimizer state stay
+        elif type(m) is nn.BatchNorm3d:
+            m.__class__ = BatchNorm3d
+        return m
+
+    for name, child in list(module.named_children()):
+        module._modules[name] = convert_batchnorm(child)
+    return swap(module)
