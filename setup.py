@@ -102,7 +102,7 @@ def extension():
     sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/autograd/*.cpp")
                      + glob.glob("csrc/batching/*.cpp") + glob.glob("csrc/accumulator/*.cpp"))
     opt = ["-O0", "-g"] if debug else ["-O3"]
-    cxx = opt + ["-fvisibility=hidden", "-Wno-unused-parameter"]
+    cxx = opt + ["-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-psabi"]
     kwargs = dict(
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": cxx},

@@ -146,17 +146,22 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const auto u = stats_dtype(x);
   const auto uopts = x.options().dtype(u);
   Prepared p = prepare(x, cdim);
-  at::Tensor y = at::empty_like(p.x);
   at::Tensor reserve_3 = at::empty({0}, uopts);
   const bool has_data = p.layout.n() > 0 && channels > 0;
 
   if (!is_training) {
+    // Small outputs first: allocating them after the large y can make glibc trim and re-fault y's
+    // pages on every call.
+    ForwardResult out{at::Tensor(), mean.clone(), variance.clone(), mean.clone(), variance.clone(), reserve_3};
+    at::Tensor y = at::empty_like(p.x);
     if (has_data) {
       kernels.infer_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), mean.contiguous(),
                             variance.contiguous(), epsilon, y);
     }
-    return {y, mean.clone(), variance.clone(), mean.clone(), variance.clone(), reserve_3};
+    std::get<0>(out) = y;
+    return out;
   }
+  at::Tensor y = at::empty_like(p.x);
 
   if (!has_data) {
     // Batch statistics of an empty set are undefined; running statistics pass through (spec §5.3).

@@ -1,0 +1,730 @@
+"""FusedBatchNormV3 / FusedBatchNormGradV3 against the spec (shared/specs/fused_batch_norm.md): TF's own
+test values, a float64 reference written here, gradients, errors, layouts, dtypes, opcheck, compile."""
+import numpy as np
+import pytest
+import torch
+from torch.autograd import gradcheck, gradgradcheck
+
+import torchops
+from conftest import DEVICES
+
+fbn = torch.ops.torchops.fused_batch_norm_v3
+fbn_grad = torch.ops.torchops.fused_batch_norm_grad_v3
+
+FORMATS_4D = ["NHWC", "NCHW"]
+FORMATS_5D = ["NDHWC", "NCDHW"]
+DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
+
+
+def cdim(fmt, rank):
+    return rank - 1 if fmt in ("NHWC", "NDHWC") else 1
+
+
+def udtype(dtype):
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def bshape(fmt, rank):
+    s = [1] * rank
+    s[cdim(fmt, rank)] = -1
+    return s
+
+
+def to_format(x_last, fmt):
+    """Channels-last array -> the layout `fmt` names (channels-first via a transpose)."""
+    if fmt in ("NHWC", "NDHWC"):
+        return x_last
+    perm = [0, x_last.dim() - 1] + list(range(1, x_last.dim() - 1))
+    return x_last.permute(perm).contiguous()
+
+
+def from_format(x, fmt):
+    if fmt in ("NHWC", "NDHWC"):
+        return x
+    perm = [0] + list(range(2, x.dim())) + [1]
+    return x.permute(perm).contiguous()
+
+
+def ref_forward(x, scale, offset, mean, var, eps, eaf, fmt, training):
+    """Spec §5 in float64."""
+    cd = cdim(fmt, x.dim())
+    dims = [d for d in range(x.dim()) if d != cd]
+    s = bshape(fmt, x.dim())
+    xd = x.double()
+    n = x.numel() // max(x.shape[cd], 1)
+    if training:
+        m = xd.mean(dims)
+        v = ((xd - m.view(s)) ** 2).mean(dims)
+    else:
+        m, v = mean.double(), var.double()
+    y = (xd - m.view(s)) * (torch.rsqrt(v + eps) * scale.double()).view(s) + offset.double().view(s)
+    if not training:
+        return y, mean.double(), var.double()
+    adj = n / max(n - 1, 1)
+    if eaf == 1.0:
+        return y, m, v * adj
+    return y, (1 - eaf) * mean.double() + eaf * m, (1 - eaf) * var.double() + eaf * adj * v
+
+
+def ref_backward(dy, x, scale, mu, var, eps, fmt, training):
+    """Spec §6 in float64."""
+    cd = cdim(fmt, x.dim())
+    dims = [d for d in range(x.dim()) if d != cd]
+    s = bshape(fmt, x.dim())
+    dy, x, scale, mu, var = (t.double() for t in (dy, x, scale, mu, var))
+    r = torch.rsqrt(var + eps)
+    xc = x - mu.view(s)
+    doffset = dy.sum(dims)
+    dscale = (dy * xc).sum(dims) * r
+    if training:
+        dx = (scale * r).view(s) * (dy - dy.mean(dims, keepdim=True)
+                                    - xc * (dy * xc).mean(dims, keepdim=True) / (var + eps).view(s))
+    else:
+        dx = dy * (scale * r).view(s)
+    return dx, dscale, doffset
+
+
+def make_inputs(shape, fmt, dtype=torch.float32, device="cpu", seed=0, stats=True):
+    g = torch.Generator().manual_seed(seed)
+    c = shape[cdim(fmt, len(shape))]
+    u = udtype(dtype)
+    x = (torch.rand(shape, generator=g, dtype=torch.float64) * 4 - 1).to(dtype).to(device)
+    scale = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(u).to(device)
+    offset = torch.randn(c, generator=g, dtype=torch.float64).to(u).to(device)
+    mean = torch.randn(c, generator=g, dtype=torch.float64).to(u).to(device) if stats else torch.empty(0, dtype=u, device=device)
+    var = (torch.rand(c, generator=g, dtype=torch.float64) + 0.5).to(u).to(device) if stats else torch.empty(0, dtype=u, device=device)
+    return x, scale, offset, mean, var
+
+
+# ---------------------------------------------------------------- TF C++ literal tests (spec §9.1)
+
+X_LIT = [5.0, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15]
+Y_LIT = [-3.86, -3.86, -1.51, -1.51, 0.83, 0.83, 3.17, 3.17, 5.51, 5.51, 7.86, 7.86]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tf_literal_training(device):
+    x = torch.tensor(X_LIT, device=device).view(1, 1, 6, 2)
+    v = lambda vals: torch.tensor(vals, device=device)  # noqa: E731
+    y, bm, bv, rs1, rs2, rs3 = fbn(x, v([4.0, 4]), v([2.0, 2]), v([]), v([]), 0.001, 1.0, "NHWC", True)
+    torch.testing.assert_close(y.flatten().cpu(), torch.tensor(Y_LIT), atol=0.01, rtol=0)
+    torch.testing.assert_close(bm.cpu(), torch.tensor([10.0, 10]), atol=0.01, rtol=0)
+    torch.testing.assert_close(bv.cpu(), torch.tensor([14.0, 14]), atol=0.01, rtol=0)
+    torch.testing.assert_close(rs2.cpu(), torch.full((2,), 35 / 3), atol=1e-4, rtol=0)  # biased
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tf_literal_training_running_mean(device):
+    x = torch.tensor(X_LIT, device=device).view(1, 1, 6, 2)
+    v = lambda vals: torch.tensor(vals, device=device)  # noqa: E731
+    y, bm, bv, *_ = fbn(x, v([4.0, 4]), v([2.0, 2]), v([6.0, 6]), v([16.0, 16]), 0.001, 0.5, "NHWC", True)
+    torch.testing.assert_close(y.flatten().cpu(), torch.tensor(Y_LIT), atol=0.01, rtol=0)
+    torch.testing.assert_close(bm.cpu(), torch.tensor([8.0, 8]), atol=0.01, rtol=0)
+    torch.testing.assert_close(bv.cpu(), torch.tensor([15.0, 15]), atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("eaf", [1.0, 0.5])  # InferenceIgnoreAvgFactor
+def test_tf_literal_inference(device, eaf):
+    x = torch.tensor(X_LIT, device=device).view(1, 1, 6, 2)
+    v = lambda vals: torch.tensor(vals, device=device)  # noqa: E731
+    y, *_ = fbn(x, v([4.0, 4]), v([2.0, 2]), v([10.0, 10]), v([11.67, 11.67]), 0.001, eaf, "NHWC", False)
+    torch.testing.assert_close(y.flatten().cpu(), torch.tensor(Y_LIT), atol=0.01, rtol=0)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tf_literal_empty_input(device):
+    x = torch.empty(1, 1, 0, 0, device=device)
+    e = torch.empty(0, device=device)
+    y, bm, bv, rs1, rs2, rs3 = fbn(x, e, e, e, e, 0.001, 1.0, "NHWC", True)
+    assert y.shape == (1, 1, 0, 0)
+    assert bm.shape == bv.shape == rs1.shape == rs2.shape == rs3.shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_tf_literal_grad_simple(device):
+    v = lambda vals: torch.tensor(vals, device=device)  # noqa: E731
+    dy = v([2.0, 2, 9, 9, -4, -4, 5, 5, 8, 8, 7, 7]).view(1, 1, 6, 2)
+    x = v([1.0, 1, 7, 7, 4, 4, -3, -3, -11, -11, 13, 13]).view(1, 1, 6, 2)
+    dx, ds, do, rs4, rs5 = fbn_grad(dy, x, v([4.0, 4]), v([1.833, 1.833]), v([57.472, 57.472]), v([]),
+                                    0.001, "NHWC", True)
+    want = [-1.34, -1.34, 2.47, 2.47, -4.44, -4.44, 0.17, 0.17, 1.60, 1.60, 1.53, 1.53]
+    torch.testing.assert_close(dx.flatten().cpu(), torch.tensor(want), atol=0.01, rtol=0)
+    torch.testing.assert_close(ds.cpu(), torch.tensor([-1.6488, -1.6488]), atol=0.01, rtol=0)
+    torch.testing.assert_close(do.cpu(), torch.tensor([27.0, 27]), atol=0.01, rtol=0)
+    assert rs4.shape == rs5.shape == (0,)
+
+
+# ---------------------------------------------------------------- TF Python tests (spec §9.2)
+
+TF_SHAPES = [[1, 1, 6, 1], [1, 1, 6, 2], [1, 2, 1, 6], [27, 131, 127, 6], [0, 131, 127, 6], [1, 1, 1, 1],
+             [1, 2, 6, 1, 3]]
+Y_ATOL = {torch.float32: 1e-3, torch.float64: 1e-3, torch.float16: 2e-3, torch.bfloat16: 2e-3}
+Y_ATOL_TRAIN = {torch.float32: 1e-3, torch.float64: 1e-3, torch.float16: 2e-3, torch.bfloat16: 1e-2}
+
+
+def _np_inputs(shape_last, dtype, fmt, device):
+    """TF's test inputs: np.random.seed(1), random_sample in [0, 1), channels-last shape."""
+    np.random.seed(1)
+    c = shape_last[-1]
+    x = torch.from_numpy(np.random.random_sample(shape_last)).to(dtype)
+    scale = torch.from_numpy(np.random.random_sample([c])).to(udtype(dtype))
+    offset = torch.from_numpy(np.random.random_sample([c])).to(udtype(dtype))
+    mean = torch.from_numpy(np.random.random_sample([c])).to(udtype(dtype))
+    var = torch.from_numpy(np.random.random_sample([c])).to(udtype(dtype))
+    return [t.to(device) for t in (to_format(x, fmt), scale, offset, mean, var)]
+
+
+def _formats(shape):
+    return FORMATS_4D if len(shape) == 4 else FORMATS_5D
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", TF_SHAPES)
+@pytest.mark.parametrize("eaf", [1.0, 0.6])
+def test_tf_inference_shapes(device, dtype, shape, eaf):
+    for fmt in _formats(shape):
+        x, scale, offset, mean, var = _np_inputs(shape, dtype, fmt, device)
+        y, bm, bv, rs1, rs2, rs3 = fbn(x, scale, offset, mean, var, 0.001, eaf, fmt, False)
+        want, _, _ = ref_forward(x.cpu(), scale.cpu(), offset.cpu(), mean.cpu(), var.cpu(), 0.001, eaf, fmt, False)
+        assert y.dtype == dtype and y.shape == x.shape
+        torch.testing.assert_close(y.double().cpu(), want.to(dtype).double(), atol=Y_ATOL[dtype], rtol=0)
+        for out in (bm, rs1):
+            torch.testing.assert_close(out, mean, atol=0, rtol=0)
+        for out in (bv, rs2):
+            torch.testing.assert_close(out, var, atol=0, rtol=0)
+        assert rs3.shape == (0,) and rs3.dtype == udtype(dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", TF_SHAPES)
+@pytest.mark.parametrize("eaf", [1.0, 0.6])
+def test_tf_training_shapes(device, dtype, shape, eaf):
+    for fmt in _formats(shape):
+        x, scale, offset, old_mean, old_var = _np_inputs(shape, dtype, fmt, device)
+        if eaf == 1.0:
+            old_mean = old_var = torch.empty(0, dtype=udtype(dtype), device=device)
+        y, bm, bv, rs1, rs2, rs3 = fbn(x, scale, offset, old_mean, old_var, 0.001, eaf, fmt, True)
+        assert y.shape == x.shape and bm.dtype == udtype(dtype)
+        if x.numel() == 0:  # torchops rule 3: NaN only for eaf == 1; otherwise old statistics pass through
+            if eaf == 1.0:
+                assert torch.isnan(bm).all() and torch.isnan(bv).all()
+            else:
+                torch.testing.assert_close(bm, old_mean, atol=0, rtol=0)
+                torch.testing.assert_close(bv, old_var, atol=0, rtol=0)
+            continue
+        wy, wm, wv = ref_forward(x.cpu(), scale.cpu(), offset.cpu(), old_mean.cpu(), old_var.cpu(), 0.001, eaf, fmt, True)
+        torch.testing.assert_close(y.double().cpu(), wy.to(dtype).double(), atol=Y_ATOL_TRAIN[dtype], rtol=0)
+        torch.testing.assert_close(bm.double().cpu(), wm, atol=1e-3, rtol=0)
+        torch.testing.assert_close(bv.double().cpu(), wv, atol=1e-3, rtol=0)
+        cd = cdim(fmt, x.dim())
+        dims = [d for d in range(x.dim()) if d != cd]
+        xd = x.double().cpu()
+        torch.testing.assert_close(rs1.double().cpu(), xd.mean(dims), atol=1e-3, rtol=0)
+        torch.testing.assert_close(rs2.double().cpu(), xd.var(dims, unbiased=False), atol=1e-3, rtol=0)
+
+
+def test_5d_batch_norm_followed_by_relu():
+    x, scale, offset, mean, var = make_inputs([2, 3, 2, 2, 3], "NCDHW", seed=3)
+    y = torch.relu(fbn(x, scale, offset, mean, var, 0.001, 1.0, "NCDHW", False)[0])
+    want = torch.relu(ref_forward(x, scale, offset, mean, var, 0.001, 1.0, "NCDHW", False)[0])
+    torch.testing.assert_close(y.double(), want, atol=1e-3, rtol=0)
+
+
+# ---------------------------------------------------------------- accuracy against the reference
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 5, 6, 7)), ("NCHW", (4, 7, 5, 6)), ("NDHWC", (2, 3, 4, 5, 6)),
+                                       ("NCDHW", (2, 6, 3, 4, 5)), ("NCHW", (3, 300, 1, 1)), ("NHWC", (1, 1, 1, 9))])
+@pytest.mark.parametrize("training", [True, False])
+def test_forward_backward_match_reference(device, fmt, shape, training):
+    x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float64, device, seed=7)
+    eaf = 0.3
+    outs = fbn(x, scale, offset, mean, var, 1e-3, eaf, fmt, training)
+    want = ref_forward(x.cpu(), scale.cpu(), offset.cpu(), mean.cpu(), var.cpu(), 1e-3, eaf, fmt, training)
+    for got, w in zip(outs[:3], want):
+        torch.testing.assert_close(got.cpu(), w, atol=1e-10, rtol=1e-10)
+    dy = torch.randn(shape, dtype=torch.float64, device=device)
+    mu, v = (outs[3], outs[4]) if training else (mean, var)
+    got = fbn_grad(dy, x, scale, mu, v, outs[5], 1e-3, fmt, training)
+    want = ref_backward(dy.cpu(), x.cpu(), scale.cpu(), mu.cpu(), v.cpu(), 1e-3, fmt, training)
+    for g, w in zip(got[:3], want):
+        torch.testing.assert_close(g.cpu(), w, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("fmt", FORMATS_4D)
+def test_grad_uses_given_statistics_exactly(fmt):
+    # §6.1: arbitrary mu/var inputs give TF's formula (mean(dy*xc), not mean((dy-mean(dy))*xc)).
+    x, scale, _, mu, var = make_inputs((3, 4, 5, 6), fmt, torch.float64, seed=11)
+    dy = torch.randn_like(x)
+    got = fbn_grad(dy, x, scale, mu, var, torch.empty(0, dtype=torch.float64), 1e-3, fmt, True)
+    want = ref_backward(dy, x, scale, mu, var, 1e-3, fmt, True)
+    for g, w in zip(got[:3], want):
+        torch.testing.assert_close(g, w, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (8, 9, 10, 16)), ("NCHW", (8, 16, 9, 10))])
+def test_low_precision_backward_close_to_float64(dtype, fmt, shape):
+    x, scale, offset, _, _ = make_inputs(shape, fmt, dtype, seed=5, stats=False)
+    dy = torch.randn(shape).to(dtype)
+    _, _, _, rs1, rs2, rs3 = fbn(x, scale, offset, torch.empty(0), torch.empty(0), 1e-3, 1.0, fmt, True)
+    dx, ds, do, _, _ = fbn_grad(dy, x, scale, rs1, rs2, rs3, 1e-3, fmt, True)
+    wdx, wds, wdo = ref_backward(dy, x, scale, rs1, rs2, 1e-3, fmt, True)
+    tol = {torch.float32: 1e-4, torch.float16: 2e-2, torch.bfloat16: 1e-1}[dtype]
+    assert dx.dtype == dtype and ds.dtype == torch.float32
+    torch.testing.assert_close(dx.double(), wdx, atol=tol, rtol=tol)
+    torch.testing.assert_close(ds.double(), wds, atol=tol * 50, rtol=1e-3)
+    torch.testing.assert_close(do.double(), wdo, atol=tol * 50, rtol=1e-3)
+
+
+def test_large_channel_statistics_are_accurate():
+    # float32 statistics over ~1.6M elements per channel (sums flushed to double) stay accurate.
+    x = torch.rand(64, 2, 160, 160) + 1000.0
+    s, o = torch.ones(2), torch.zeros(2)
+    for fmt, xi in (("NCHW", x), ("NHWC", x.permute(0, 2, 3, 1).contiguous())):
+        _, bm, bv, rs1, rs2, _ = fbn(xi, s, o, torch.empty(0), torch.empty(0), 1e-3, 1.0, fmt, True)
+        want = x.double().mean([0, 2, 3])
+        torch.testing.assert_close(rs1.double(), want, atol=1e-4, rtol=0)
+        torch.testing.assert_close(rs2.double(), x.double().var([0, 2, 3], unbiased=False), atol=1e-4, rtol=1e-4)
+
+
+# ---------------------------------------------------------------- layouts
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("rank", [4, 5])
+def test_channels_first_equals_channels_last_on_transposed_data(device, training, rank):
+    last, first = ("NHWC", "NCHW") if rank == 4 else ("NDHWC", "NCDHW")
+    shape = (3, 4, 5, 6) if rank == 4 else (2, 3, 4, 2, 5)
+    x, scale, offset, mean, var = make_inputs(shape, last, torch.float32, device, seed=2)
+    dy = torch.randn(shape, device=device)
+    a = fbn(x, scale, offset, mean, var, 1e-3, 1.0, last, training)
+    b = fbn(to_format(x, first), scale, offset, mean, var, 1e-3, 1.0, first, training)
+    torch.testing.assert_close(from_format(b[0], first), a[0], atol=1e-6, rtol=1e-6)
+    for i in range(1, 5):
+        torch.testing.assert_close(b[i], a[i], atol=1e-6, rtol=1e-6)
+    mu, v = (a[3], a[4]) if training else (mean, var)
+    ga = fbn_grad(dy, x, scale, mu, v, a[5], 1e-3, last, training)
+    gb = fbn_grad(to_format(dy, first), to_format(x, first), scale, mu, v, a[5], 1e-3, first, training)
+    torch.testing.assert_close(from_format(gb[0], first), ga[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(gb[1], ga[1], atol=1e-4, rtol=1e-5)
+    torch.testing.assert_close(gb[2], ga[2], atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("rank", [4, 5])
+def test_channels_last_memory_is_read_in_place_and_kept(device, rank):
+    fmt = "NCHW" if rank == 4 else "NCDHW"
+    mf = torch.channels_last if rank == 4 else torch.channels_last_3d
+    shape = (3, 5, 4, 6) if rank == 4 else (2, 5, 3, 4, 2)
+    x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float32, device, seed=4)
+    xcl = x.contiguous(memory_format=mf)
+    for training in (True, False):
+        ref = fbn(x, scale, offset, mean, var, 1e-3, 1.0, fmt, training)
+        got = fbn(xcl, scale, offset, mean, var, 1e-3, 1.0, fmt, training)
+        assert got[0].is_contiguous(memory_format=mf)
+        torch.testing.assert_close(got[0], ref[0], atol=1e-6, rtol=1e-6)
+        dy = torch.randn_like(x)
+        g_ref = fbn_grad(dy, x, scale, ref[3], ref[4], ref[5], 1e-3, fmt, training)
+        g = fbn_grad(dy.contiguous(memory_format=mf), xcl, scale, ref[3], ref[4], ref[5], 1e-3, fmt, training)
+        assert g[0].is_contiguous(memory_format=mf)
+        for a, b in zip(g[:3], g_ref[:3]):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_non_contiguous_inputs(device):
+    x, scale, offset, mean, var = make_inputs((4, 6, 5, 8), "NHWC", torch.float64, device, seed=9)
+    xs = x[:, ::2]  # non-contiguous view
+    big = torch.randn(16, dtype=torch.float64, device=device)
+    sc, of = scale.repeat_interleave(2)[::2], big[::2]  # strided [8] vectors
+    for training in (True, False):
+        got = fbn(xs, sc, of, mean, var, 1e-3, 1.0, "NHWC", training)
+        want = ref_forward(xs.cpu(), sc.cpu(), of.cpu(), mean.cpu(), var.cpu(), 1e-3, 1.0, "NHWC", training)
+        torch.testing.assert_close(got[0].cpu(), want[0], atol=1e-10, rtol=1e-10)
+        dy = torch.randn(4, 3, 5, 16, dtype=torch.float64, device=device)[..., ::2]
+        mu, v = (got[3], got[4]) if training else (mean, var)
+        g = fbn_grad(dy, xs, sc, mu, v, got[5], 1e-3, "NHWC", training)
+        w = ref_backward(dy.cpu(), xs.cpu(), sc.cpu(), mu.cpu(), v.cpu(), 1e-3, "NHWC", training)
+        for a, b in zip(g[:3], w):
+            torch.testing.assert_close(a.cpu(), b, atol=1e-10, rtol=1e-10)
+
+
+# ---------------------------------------------------------------- decisions (spec §1, §9.3)
+
+def test_inference_outputs_are_copies_not_views():
+    x, scale, offset, mean, var = make_inputs((2, 3, 4, 5), "NCHW")
+    _, bm, bv, rs1, rs2, rs3 = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)
+    for out, src in ((bm, mean), (rs1, mean), (bv, var), (rs2, var)):
+        assert torch.equal(out, src) and out.data_ptr() != src.data_ptr()
+    assert rs3.shape == (0,)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_empty_input_three_regimes(device):
+    x = torch.empty(0, 3, 4, 5, device=device)
+    s = torch.ones(3, device=device)
+    m = torch.tensor([1.0, 2, 3], device=device)
+    v = torch.tensor([4.0, 5, 6], device=device)
+    y, bm, bv, rs1, rs2, rs3 = fbn(x, s, s, torch.empty(0, device=device), torch.empty(0, device=device),
+                                   1e-3, 1.0, "NCHW", True)
+    assert y.shape == x.shape and torch.isnan(bm).all() and torch.isnan(bv).all()
+    assert torch.isnan(rs1).all() and torch.isnan(rs2).all() and bm.shape == (3,)
+    y, bm, bv, rs1, rs2, _ = fbn(x, s, s, m, v, 1e-3, 0.5, "NCHW", True)
+    assert torch.equal(bm, m) and torch.equal(bv, v) and torch.isnan(rs1).all()
+    y, bm, bv, rs1, rs2, _ = fbn(x, s, s, m, v, 1e-3, 1.0, "NCHW", False)
+    assert torch.equal(bm, m) and torch.equal(bv, v) and torch.equal(rs1, m) and torch.equal(rs2, v)
+    for training in (True, False):
+        dx, ds, do, rs4, rs5 = fbn_grad(x, x, s, m, v, torch.empty(0, device=device), 1e-3, "NCHW", training)
+        assert dx.shape == x.shape and torch.equal(ds, torch.zeros(3, device=device))
+        assert torch.equal(do, torch.zeros(3, device=device)) and rs4.shape == rs5.shape == (0,)
+
+
+def test_single_element_per_channel():
+    x = torch.tensor([[[[3.0, -1.0]]]])  # NHWC [1,1,1,2]: n == 1
+    y, bm, bv, rs1, rs2, _ = fbn(x, torch.ones(2), torch.tensor([0.5, -0.5]), torch.empty(0), torch.empty(0),
+                                 1e-3, 1.0, "NHWC", True)
+    torch.testing.assert_close(y.flatten(), torch.tensor([0.5, -0.5]))
+    torch.testing.assert_close(bv, torch.zeros(2))
+    torch.testing.assert_close(bm, torch.tensor([3.0, -1.0]))
+
+
+def test_epsilon_is_not_clamped():
+    x, scale, offset, _, _ = make_inputs((2, 3, 4, 5), "NCHW", torch.float64, seed=1)
+    x = x * 1e-4  # variance ~1e-9: the epsilon matters
+    for eps in (1e-7, 1e-12):
+        y = fbn(x, scale, offset, torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64),
+                eps, 1.0, "NCHW", True)[0]
+        want = ref_forward(x, scale, offset, None, None, eps, 1.0, "NCHW", True)[0]
+        torch.testing.assert_close(y, want, atol=1e-9, rtol=1e-9)
+    y_small = fbn(x, scale, offset, torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64),
+                  1e-7, 1.0, "NCHW", True)[0]
+    y_clamped = fbn(x, scale, offset, torch.empty(0, dtype=torch.float64), torch.empty(0, dtype=torch.float64),
+                    1.001e-5, 1.0, "NCHW", True)[0]
+    assert not torch.allclose(y_small, y_clamped)
+
+
+@pytest.mark.parametrize("eaf", [0.0, 1.5])
+def test_exponential_avg_factor_is_not_range_checked(eaf):
+    x, scale, offset, mean, var = make_inputs((2, 3, 4, 5), "NCHW", torch.float64)
+    _, bm, bv, *_ = fbn(x, scale, offset, mean, var, 1e-3, eaf, "NCHW", True)
+    _, wm, wv = ref_forward(x, scale, offset, mean, var, 1e-3, eaf, "NCHW", True)
+    torch.testing.assert_close(bm, wm)
+    torch.testing.assert_close(bv, wv)
+
+
+def test_statistics_outputs_do_not_require_grad():
+    x, scale, offset, mean, var = make_inputs((2, 3, 4, 5), "NCHW", torch.float64)
+    for t in (x, scale, offset, mean, var):
+        t.requires_grad_(True)
+    for training in (True, False):
+        outs = fbn(x, scale, offset, mean, var, 1e-3, 0.5, "NCHW", training)
+        assert outs[0].requires_grad
+        assert not any(o.requires_grad for o in outs[1:])
+        outs[0].sum().backward()
+        assert mean.grad is None and var.grad is None
+        assert x.grad is not None and scale.grad is not None and offset.grad is not None
+
+
+# ---------------------------------------------------------------- gradients
+
+GRAD_CASES = [("NHWC", (2, 3, 2, 3)), ("NCHW", (2, 3, 3, 2)), ("NDHWC", (2, 2, 1, 2, 3)), ("NCDHW", (2, 3, 2, 1, 2)),
+              ("NHWC", (1, 1, 1, 2))]
+
+
+def _fwd_y(fmt, training, eaf=1.0, python_function=False):
+    def f(x, scale, offset, mean, var):
+        if python_function:
+            return torchops.autograd.FusedBatchNormV3.apply(x, scale, offset, mean, var, 1e-3, eaf, fmt, training)[0]
+        return fbn(x, scale, offset, mean, var, 1e-3, eaf, fmt, training)[0]
+    return f
+
+
+def _grad_inputs(fmt, shape, device, seed=0):
+    x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float64, device, seed=seed)
+    return [x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fmt,shape", GRAD_CASES)
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("python_function", [False, True])
+def test_gradcheck_and_gradgradcheck(device, fmt, shape, training, python_function):
+    if training and shape == (1, 1, 1, 2):
+        pytest.skip("n == 1: y = offset does not depend on x (checked separately)")
+    inputs = _grad_inputs(fmt, shape, device)
+    f = _fwd_y(fmt, training, 0.4, python_function)
+    assert gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+    assert gradgradcheck(f, inputs, eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCHW"])
+def test_grad_op_inference_gradcheck_directly(fmt):
+    x, scale, _, mean, var = make_inputs((2, 3, 2, 3), fmt, torch.float64)
+    dy = torch.randn_like(x)
+    rs3 = torch.empty(0, dtype=torch.float64)
+
+    def g(dy, x, scale):
+        return fbn_grad(dy, x, scale, mean, var, rs3, 1e-3, fmt, False)[:3]
+    ins = [dy.requires_grad_(), x.requires_grad_(), scale.requires_grad_()]
+    assert gradcheck(g, ins, eps=1e-6, atol=1e-6)
+    assert gradgradcheck(g, ins, eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt", ["NHWC", "NCDHW"])
+def test_grad_op_training_second_order_uses_recomputed_statistics(fmt):
+    # §7.2: bogus reserve spaces give the same second-order gradients as the true batch statistics.
+    shape = (2, 3, 2, 3) if len(fmt) == 4 else (2, 3, 2, 1, 2)
+    x, scale, _, mean, var = make_inputs(shape, fmt, torch.float64, seed=3)
+    _, _, _, rs1, rs2, rs3 = fbn(x, scale, scale, mean, var, 1e-3, 1.0, fmt, True)
+    dy = torch.randn_like(x)
+    gouts = [torch.randn_like(x), torch.randn(scale.shape, dtype=torch.float64),
+             torch.randn(scale.shape, dtype=torch.float64)]
+    results = []
+    for m, v in ((rs1, rs2), (rs1 + 5.0, rs2 * 3.0)):
+        ins = [t.clone().requires_grad_() for t in (dy, x, scale)]
+        outs = fbn_grad(ins[0], ins[1], ins[2], m, v, rs3, 1e-3, fmt, True)[:3]
+        results.append(torch.autograd.grad(outs, ins, gouts))
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+def _tf_batch_norm_grad_composite(dy, x, scale, eps, fmt):
+    """TF's `_BatchNormGrad` (spec §7.2) in autograd-able torch ops."""
+    cd = cdim(fmt, x.dim())
+    dims = [d for d in range(x.dim()) if d != cd]
+    s = bshape(fmt, x.dim())
+    mean_x = x.mean(dims, keepdim=True)
+    var_x = ((x - mean_x.detach()) ** 2).mean(dims, keepdim=True)
+    r = torch.rsqrt(var_x + eps)
+    xc = x - mean_x
+    gx = scale.view(s) * r * (dy - dy.mean(dims, keepdim=True) - xc * (dy * xc).mean(dims, keepdim=True) / (var_x + eps))
+    return gx, r.flatten() * (dy * xc).sum(dims), dy.sum(dims)
+
+
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (2, 3, 4, 5)), ("NCHW", (2, 3, 2, 2)), ("NDHWC", (2, 3, 2, 2, 2)),
+                                       ("NCDHW", (2, 3, 2, 2, 2))])
+def test_tf_grad_grad_matches_composite(fmt, shape):
+    # testBatchNormGradGradConfig*: first- and second-order gradients equal TF's composite.
+    x, scale, offset, _, _ = make_inputs(shape, fmt, torch.float64, seed=6)
+    dy = torch.randn(shape, dtype=torch.float64)
+    e = torch.empty(0, dtype=torch.float64)
+    _, _, _, rs1, rs2, rs3 = fbn(x, scale, offset, e, e, 1e-3, 1.0, fmt, True)
+    ins = [t.clone().requires_grad_() for t in (dy, x, scale)]
+    ours = fbn_grad(ins[0], ins[1], ins[2], rs1, rs2, rs3, 1e-3, fmt, True)[:3]
+    ins2 = [t.clone().requires_grad_() for t in (dy, x, scale)]
+    ref = _tf_batch_norm_grad_composite(*ins2, 1e-3, fmt)
+    for a, b in zip(ours, ref):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+    gouts = [torch.randn_like(o) for o in ours]
+    for a, b in zip(torch.autograd.grad(ours, ins, gouts), torch.autograd.grad(ref, ins2, gouts)):
+        torch.testing.assert_close(a, b, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("training", [True, False])
+def test_low_precision_gradient_matches_float32_replica(dtype, training):
+    # TF's gradient tests take the numeric Jacobian on a float32 replica for f16/bf16.
+    x, scale, offset, mean, var = make_inputs((2, 3, 4, 4), "NHWC", dtype, seed=8)
+    dy = torch.randn(x.shape).to(dtype)
+    outs = []
+    for xx in (x, x.float()):
+        xi, si, oi = xx.clone().requires_grad_(), scale.clone().requires_grad_(), offset.clone().requires_grad_()
+        y = fbn(xi, si, oi, mean, var, 1e-3, 1.0, "NHWC", training)[0]
+        outs.append(torch.autograd.grad(y, (xi, si, oi), dy.to(y.dtype)))
+    tol_x = 2e-3 if dtype == torch.float16 else 2e-2
+    torch.testing.assert_close(outs[0][0].float(), outs[1][0], atol=tol_x * 10, rtol=tol_x)
+    torch.testing.assert_close(outs[0][1], outs[1][1], atol=0.05, rtol=1e-2)
+    torch.testing.assert_close(outs[0][2], outs[1][2], atol=0.05, rtol=1e-2)
+
+
+def test_python_function_and_cpp_autograd_agree():
+    for training in (True, False):
+        grads = []
+        for py in (False, True):
+            ins = _grad_inputs("NCHW", (3, 4, 2, 3), "cpu", seed=12)
+            y = _fwd_y("NCHW", training, 0.5, py)(*ins)
+            g = torch.autograd.grad((y * y).sum(), ins[:3], create_graph=True)
+            gg = torch.autograd.grad(sum(t.sum() for t in g), ins[:3])
+            grads.append((y, g, gg))
+        for a, b in zip(grads[0], grads[1]):
+            for u, v in zip(a if isinstance(a, tuple) else (a,), b if isinstance(b, tuple) else (b,)):
+                torch.testing.assert_close(u, v, atol=0, rtol=0)
+
+
+def test_undefined_output_gradient_is_zero():
+    ins = _grad_inputs("NHWC", (2, 2, 2, 3), "cpu")
+    outs = fbn(*ins, 1e-3, 1.0, "NHWC", True)
+    # only a non-differentiable output is used: no gradient path, and backward must not crash
+    (outs[0] * 0).sum().backward()
+    assert torch.equal(ins[0].grad, torch.zeros_like(ins[0]))
+
+
+# ---------------------------------------------------------------- validation (spec §4, TF's key phrases)
+
+def _ok_inputs():
+    return make_inputs((2, 2, 2, 2), "NHWC")
+
+
+@pytest.mark.parametrize("bad,match", [
+    ("scale", "scale must have the same number of elements as the channels of x, got 3 and 2"),
+    ("offset", "offset must have the same number of elements as the channels of x, got 3 and 2"),
+])
+def test_eager_shape_errors_scale_offset(bad, match):
+    x, scale, offset, mean, var = _ok_inputs()
+    args = dict(scale=scale, offset=offset)
+    args[bad] = torch.ones(3)
+    with pytest.raises(RuntimeError, match=match):
+        fbn(x, args["scale"], args["offset"], mean, var, 1e-3, 1.0, "NHWC", True)
+
+
+@pytest.mark.parametrize("which", ["mean", "variance"])
+@pytest.mark.parametrize("training,eaf,prefix", [(False, 1.0, "When is_training=false"),
+                                                 (True, 0.5, "When exponential_avg_factor != 1")])
+def test_eager_shape_errors_statistics(which, training, eaf, prefix):
+    x, scale, offset, mean, var = _ok_inputs()
+    e = torch.empty(0)
+    m, v = (e, var) if which == "mean" else (mean, e)
+    with pytest.raises(RuntimeError, match=f"{prefix}, {which} must have the same number of elements as the channels of x, got 0 and 2"):
+        fbn(x, scale, offset, m, v, 1e-3, eaf, "NHWC", training)
+
+
+def test_training_ignores_statistics_when_eaf_is_one():
+    x, scale, offset, _, _ = _ok_inputs()
+    a = fbn(x, scale, offset, torch.ones(7), torch.ones(5), 1e-3, 1.0, "NHWC", True)
+    b = fbn(x, scale, offset, torch.empty(0), torch.empty(0), 1e-3, 1.0, "NHWC", True)
+    assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("args,match", [
+    (dict(x=torch.ones(2, 2, 2)), r"input must be 4 or 5-dimensional, got shape \[2, 2, 2\]"),
+    (dict(scale=torch.ones(2, 1)), "scale must be 1-dimensional"),
+    (dict(offset=torch.ones(1, 2)), "offset must be 1-dimensional"),
+    (dict(mean=torch.ones(2, 1)), "estimated_mean must be 1-dimensional"),
+    (dict(variance=torch.ones(2, 1)), "estimated_variance must be 1-dimensional"),
+    (dict(x=torch.ones(2, 2, 2, 2, 2)), "x must be 4-dimensional for data_format 'NHWC', got rank 5"),
+    (dict(fmt="NCDHW"), "x must be 5-dimensional for data_format 'NCDHW', got rank 4"),
+    (dict(scale=torch.ones(2, dtype=torch.float64)), "scale must have dtype Float"),
+    (dict(x=torch.ones(2, 2, 2, 2, dtype=torch.int32)), "x must be float32, float64, float16 or bfloat16, got Int"),
+    (dict(x=torch.ones(2, 2, 2, 2, dtype=torch.float64)), "scale must have dtype Double"),
+])
+def test_forward_validation(args, match):
+    x, scale, offset, mean, var = _ok_inputs()
+    a = dict(x=x, scale=scale, offset=offset, mean=mean, variance=var, fmt="NHWC")
+    a.update(args)
+    with pytest.raises(RuntimeError, match=match):
+        fbn(a["x"], a["scale"], a["offset"], a["mean"], a["variance"], 1e-3, 1.0, a["fmt"], False)
+
+
+def test_bad_data_format_is_value_error():
+    x, scale, offset, mean, var = _ok_inputs()
+    with pytest.raises(ValueError, match="data_format must be one of NHWC, NCHW, NDHWC, NCDHW, got 'NWHC'"):
+        fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NWHC", True)
+
+
+@pytest.mark.parametrize("args,match", [
+    (dict(dy=torch.ones(2, 2, 2, 3)), r"x and y_backprop must have same shape, but x has shape \[2, 2, 2, 2\] "
+                                      r"and y_backprop has shape \[2, 2, 2, 3\]"),
+    (dict(scale=torch.ones(3)), "scale must have the same number of elements as the channels of x, got 3 and 2"),
+    (dict(rs1=torch.ones(3)), "reserve_space_1 must have the same number of elements as the channels of x, got 3 and 2"),
+    (dict(rs2=torch.ones(3)), "reserve_space_2 must have the same number of elements as the channels of x, got 3 and 2"),
+    (dict(rs1=torch.ones(2, 1)), "saved mean .* must be 1-dimensional"),
+    (dict(rs2=torch.ones(2, 1)), "saved variance .* must be 1-dimensional"),
+    (dict(dy=torch.ones(2, 2, 2)), "y_backprop: input must be 4 or 5-dimensional"),
+    (dict(dy=torch.ones(2, 2, 2, 2, dtype=torch.float64)), "y_backprop must have x's dtype"),
+    (dict(fmt="NDHWC"), "x must be 5-dimensional for data_format 'NDHWC'"),
+])
+def test_grad_validation(args, match):
+    x = torch.ones(2, 2, 2, 2)
+    a = dict(dy=torch.ones(2, 2, 2, 2), scale=torch.ones(2), rs1=torch.ones(2), rs2=torch.ones(2), fmt="NHWC")
+    a.update(args)
+    with pytest.raises(RuntimeError, match=match):
+        fbn_grad(a["dy"], x, a["scale"], a["rs1"], a["rs2"], torch.ones(5, 5), 1e-3, a["fmt"], True)
+
+
+def test_functional_wrapper_is_tf_nn_fused_batch_norm():
+    x, scale, offset, mean, var = make_inputs((2, 3, 4, 5), "NHWC", torch.float64)
+    y, m, v = torchops.functional.fused_batch_norm(x, scale, offset)
+    want = ref_forward(x, scale, offset, None, None, 1e-3, 1.0, "NHWC", True)  # default epsilon 0.001
+    for a, b in zip((y, m, v), want):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="Both `mean` and `variance` must be a 1D tensor"):
+        torchops.functional.fused_batch_norm(x, scale, offset, is_training=False)
+    with pytest.raises(ValueError, match="Both `mean` and `variance` must be a 1D tensor"):
+        torchops.functional.fused_batch_norm(x, scale, offset, mean, None, exponential_avg_factor=0.5)
+    scripted = torch.jit.script(torchops.functional.fused_batch_norm)
+    torch.testing.assert_close(scripted(x, scale, offset, mean, var, 0.001, 1.0, "NHWC", False)[0],
+                               ref_forward(x, scale, offset, mean, var, 1e-3, 1.0, "NHWC", False)[0])
+
+
+# ---------------------------------------------------------------- opcheck, compile, script
+
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (2, 3, 4, 5)), ("NCHW", (2, 3, 4, 5)), ("NCDHW", (2, 3, 2, 2, 2))])
+@pytest.mark.parametrize("training", [True, False])
+def test_opcheck(fmt, shape, training):
+    x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float64)
+    args = (x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var, 1e-3, 0.5, fmt, training)
+    torch.library.opcheck(fbn.default, args)
+    _, _, _, rs1, rs2, rs3 = fbn(*args)
+    dy = torch.randn(shape, dtype=torch.float64)
+    gargs = (dy, x.detach(), scale.detach(), rs1, rs2, rs3, 1e-3, fmt, training)
+    torch.library.opcheck(fbn_grad.default, gargs)
+
+
+def test_opcheck_channels_last():
+    x, scale, offset, mean, var = make_inputs((2, 3, 4, 5), "NCHW", torch.float32)
+    x = x.contiguous(memory_format=torch.channels_last).requires_grad_()
+    torch.library.opcheck(fbn.default, (x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", True))
+
+
+@pytest.mark.parametrize("fmt,training", [("NHWC", True), ("NCHW", False), ("NCHW", True)])
+def test_compile_fullgraph_forward_backward_matches_eager(fmt, training):
+    torch._dynamo.reset()
+
+    def f(x, scale, offset, mean, var):
+        y, bm, bv, _, _, _ = fbn(x, scale, offset, mean, var, 1e-3, 0.5, fmt, training)
+        return (y * y).sum(), bm, bv
+
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True, backend="aot_eager")):
+        ins = _grad_inputs(fmt, (2, 3, 4, 5), "cpu", seed=13)
+        loss, bm, bv = fn(*ins)
+        loss.backward()
+        results.append([loss, bm, bv] + [t.grad for t in ins[:3]])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b)
+
+
+def test_torchscript_function_forward_backward():
+    @torch.jit.script
+    def f(x, scale, offset, mean, var):
+        return torch.ops.torchops.fused_batch_norm_v3(x, scale, offset, mean, var, 0.001, 1.0, "NCHW", True)[0]
+
+    ins = _grad_inputs("NCHW", (2, 3, 2, 2), "cpu")
+    assert "torchops::fused_batch_norm_v3" in str(f.graph)
+    assert gradcheck(f, ins, eps=1e-6, atol=1e-6)
+    assert gradgradcheck(f, ins, eps=1e-6, atol=1e-5)
+
+
+# ---------------------------------------------------------------- CPU vs CUDA parity
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 7, 9, 33)), ("NCHW", (4, 33, 7, 9)), ("NCDHW", (2, 5, 3, 4, 6)),
+                                       ("NHWC", (1, 1, 1, 1)), ("NCHW", (64, 3, 50, 50))])
+@pytest.mark.parametrize("training", [True, False])
+def test_cuda_matches_cpu(dtype, fmt, shape, training):
+    x, scale, offset, mean, var = make_inputs(shape, fmt, dtype, seed=21)
+    dy = torch.randn(shape).to(dtype)
+    cpu = fbn(x, scale, offset, mean, var, 1e-3, 0.7, fmt, training)
+    gpu = fbn(*(t.cuda() for t in (x, scale, offset, mean, var)), 1e-3, 0.7, fmt, training)
+    tol = {torch.float32: 1e-5, torch.float64: 1e-12, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    for a, b in zip(cpu, gpu):
+        torch.testing.assert_close(b.cpu(), a, atol=tol, rtol=tol, equal_nan=True)
+    gcpu = fbn_grad(dy, x, scale, cpu[3], cpu[4], cpu[5], 1e-3, fmt, training)
+    ggpu = fbn_grad(dy.cuda(), x.cuda(), scale.cuda(), cpu[3].cuda(), cpu[4].cuda(), cpu[5].cuda(), 1e-3, fmt, training)
+    for a, b in zip(gcpu, ggpu):
+        torch.testing.assert_close(b.cpu(), a, atol=tol * 10, rtol=tol * 10)
