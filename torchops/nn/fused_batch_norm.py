@@ -15,8 +15,6 @@ def _stats_dtype(x: Tensor) -> torch.dtype:
 
 
 class _FusedBatchNorm(nn.modules.batchnorm._BatchNorm):
-    _data_format: str = "NCHW"
-
     def _as_stats(self, t: Optional[Tensor], fill: float, x: Tensor) -> Tensor:
         dtype = _stats_dtype(x)
         if t is None:
@@ -55,7 +53,7 @@ class _FusedBatchNorm(nn.modules.batchnorm._BatchNorm):
             mean = running_mean.to(_stats_dtype(input))
             var = running_var.to(_stats_dtype(input))
         y, batch_mean, batch_var, _, _, _ = torch.ops.torchops.fused_batch_norm_v3(
-            input, scale, offset, mean, var, self.eps, eaf, self._data_format, bn_training)
+            input, scale, offset, mean, var, self.eps, eaf, "NCHW" if input.dim() == 4 else "NCDHW", bn_training)
         if update:
             assert running_mean is not None and running_var is not None
             with torch.no_grad():
@@ -67,13 +65,9 @@ class _FusedBatchNorm(nn.modules.batchnorm._BatchNorm):
 class BatchNorm2d(_FusedBatchNorm, nn.BatchNorm2d):
     """Drop-in `torch.nn.BatchNorm2d` (N, C, H, W) running torchops' fused kernels."""
 
-    _data_format: str = "NCHW"
-
 
 class BatchNorm3d(_FusedBatchNorm, nn.BatchNorm3d):
     """Drop-in `torch.nn.BatchNorm3d` (N, C, D, H, W) running torchops' fused kernels."""
-
-    _data_format: str = "NCDHW"
 
 
 def convert_batchnorm(module: nn.Module) -> nn.Module:
