@@ -112,3 +112,32 @@ def test_library_has_no_python_dependency():
     out = subprocess.run(["ldd", torchops.library_path], capture_output=True, text=True)
     assert out.returncode == 0
     assert "libpython" not in out.stdout and "torch_python" not in out.stdout, out.stdout
+
+
+def _copy_python_package(dst):
+    """The torchops Python sources without the compiled library."""
+    import shutil
+
+    src = os.path.dirname(torchops.__file__)
+    shutil.copytree(src, os.path.join(dst, "torchops"),
+                    ignore=shutil.ignore_patterns("*.so", "__pycache__", "_build_info.py"))
+
+
+def test_import_without_library_says_how_to_rebuild(tmp_path):
+    _copy_python_package(str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", "import torchops"], capture_output=True, text=True, env=env,
+                         cwd=str(tmp_path), timeout=120)
+    assert out.returncode != 0
+    assert "compiled library torchops/_C.so was not found" in out.stderr
+    assert "pip install --no-build-isolation -e ." in out.stderr
+
+
+def test_import_against_other_torch_names_both_versions():
+    code = "import torch; torch.__version__ = '1.0.0'; import torchops"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode != 0
+    from torchops import _build_info
+
+    assert f"torchops was built against torch {_build_info.TORCH_VERSION} but torch 1.0.0 is installed" in out.stderr
+    assert "rebuild it with" in out.stderr
