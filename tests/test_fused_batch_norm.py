@@ -453,8 +453,6 @@ def _grad_inputs(fmt, shape, device, seed=0):
 @pytest.mark.parametrize("training", [True, False])
 @pytest.mark.parametrize("python_function", [False, True])
 def test_gradcheck_and_gradgradcheck(device, fmt, shape, training, python_function):
-    if training and shape == (1, 1, 1, 2):
-        pytest.skip("n == 1: y = offset does not depend on x (checked separately)")
     inputs = _grad_inputs(fmt, shape, device)
     f = _fwd_y(fmt, training, 0.4, python_function)
     assert gradcheck(f, inputs, eps=1e-6, atol=1e-6)
