@@ -177,16 +177,16 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const int64_t n = p.layout.n();
   const double adj = u == at::kFloat ? static_cast<double>(static_cast<float>(n) / static_cast<float>(std::max<int64_t>(n - 1, 1)))
                                      : static_cast<double>(n) / static_cast<double>(std::max<int64_t>(n - 1, 1));
-  at::Tensor unbiased = var_b.mul(adj);
+  // Same operation order as TF's kernel, so float32 results round alike.
   at::Tensor batch_mean, batch_var;
   if (exponential_avg_factor == 1.0) {
     batch_mean = mean_b.clone();
-    batch_var = unbiased;
+    batch_var = var_b.mul(adj);
   } else {
     const double eaf = as_stats_scalar(exponential_avg_factor, u);
     const double keep = as_stats_scalar(1.0 - eaf, u);
     batch_mean = mean.mul(keep).add_(mean_b.mul(eaf));
-    batch_var = variance.mul(keep).add_(unbiased.mul(eaf));
+    batch_var = variance.mul(keep).add_(var_b.mul(eaf).mul_(adj));
   }
   return {y, batch_mean, batch_var, mean_b, var_b, reserve_3};
 }
