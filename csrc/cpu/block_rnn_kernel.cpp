@@ -1,3 +1,109 @@
+#ifdef TORCHOPS_BRNN_ROW_KERNELS
+// ---- row kernels (one batch row, loop over the cell dimension); see isa_* below ----
+template <typename T>
+void gru_gates_row(int64_t C, const T* __restrict ru, const T* __restrict hp, T* __restrict r, T* __restrict u,
+                   T* __restrict hr) {
+  using U = opm<T>;
+  for (int64_t c = 0; c < C; ++c) {
+    const GruGates<U> g = gru_gates<U>(static_cast<U>(ru[c]), static_cast<U>(ru[C + c]), static_cast<U>(hp[c]));
+    r[c] = static_cast<T>(g.r);
+    u[c] = static_cast<T>(g.u);
+    hr[c] = static_cast<T>(g.hr);
+  }
+}
+
+template <typename T>
+void gru_output_row(int64_t C, const T* __restrict cb, const T* __restrict u, const T* __restrict hp,
+                    T* __restrict c, T* __restrict h) {
+  using U = opm<T>;
+  for (int64_t k = 0; k < C; ++k) {
+    const GruOutput<U> o = gru_output<U>(static_cast<U>(cb[k]), static_cast<U>(u[k]), static_cast<U>(hp[k]));
+    c[k] = static_cast<T>(o.c);
+    h[k] = static_cast<T>(o.h);
+  }
+}
+
+template <typename T, bool GATES>
+void gru_backward_a_row(int64_t C, const T* __restrict hg, const T* __restrict carry, const T* __restrict gu,
+                        const T* __restrict gc, const T* __restrict u, const T* __restrict c,
+                        const T* __restrict hp, T* __restrict dh, T* __restrict dcb, T* __restrict dub) {
+  using U = opm<T>;
+  for (int64_t k = 0; k < C; ++k) {
+    const U d = static_cast<U>(hg[k]) + static_cast<U>(carry[k]);
+    const GruBwdA<U> o = gru_backward_a<U>(d, GATES ? static_cast<U>(gu[k]) : U(0),
+                                           GATES ? static_cast<U>(gc[k]) : U(0), static_cast<U>(u[k]),
+                                           static_cast<U>(c[k]), static_cast<U>(hp[k]));
+    dh[k] = static_cast<T>(d);
+    dcb[k] = static_cast<T>(o.d_c_bar);
+    dub[k] = static_cast<T>(o.d_u_bar);
+  }
+}
+
+template <typename T, bool GATES, bool HR>
+void gru_backward_b_row(int64_t C, const T* __restrict dhr, const T* __restrict gr, const T* __restrict dh,
+                        const T* __restrict r, const T* __restrict u, const T* __restrict hp, T* __restrict drb,
+                        T* __restrict part, T* __restrict hr) {
+  using U = opm<T>;
+  for (int64_t k = 0; k < C; ++k) {
+    const GruBwdB<U> o =
+        gru_backward_b<U>(static_cast<U>(dhr[k]), GATES ? static_cast<U>(gr[k]) : U(0), static_cast<U>(dh[k]),
+                          static_cast<U>(r[k]), static_cast<U>(u[k]), static_cast<U>(hp[k]));
+    drb[k] = static_cast<T>(o.d_r_bar);
+    part[k] = static_cast<T>(o.d_h_prev_part);
+    if (HR) hr[k] = static_cast<T>(o.hr);
+  }
+}
+
+template <typename T, bool PEEP>
+void lstm_forward_row(int64_t C, const T* __restrict gi, const T* __restrict gci, const T* __restrict gf,
+                      const T* __restrict go, const T* __restrict csp, const T* __restrict wci,
+                      const T* __restrict wcf, const T* __restrict wco, opm<T> fb, opm<T> clip, T* __restrict i,
+                      T* __restrict cs, T* __restrict f, T* __restrict o, T* __restrict ci, T* __restrict co,
+                      T* __restrict h) {
+  using U = opm<T>;
+  for (int64_t k = 0; k < C; ++k) {
+    const LstmForward<U> r = lstm_forward<U>(
+        static_cast<U>(gi[k]), static_cast<U>(gci[k]), static_cast<U>(gf[k]), static_cast<U>(go[k]),
+        static_cast<U>(csp[k]), PEEP ? static_cast<U>(wci[k]) : U(0), PEEP ? static_cast<U>(wcf[k]) : U(0),
+        PEEP ? static_cast<U>(wco[k]) : U(0), fb, clip, PEEP);
+    i[k] = static_cast<T>(r.i);
+    cs[k] = static_cast<T>(r.cs);
+    f[k] = static_cast<T>(r.f);
+    o[k] = static_cast<T>(r.o);
+    ci[k] = static_cast<T>(r.ci);
+    co[k] = static_cast<T>(r.co);
+    h[k] = static_cast<T>(r.h);
+  }
+}
+
+template <typename T, bool PEEP, bool GATES>
+void lstm_backward_row(int64_t C, const T* __restrict i, const T* __restrict cs, const T* __restrict f,
+                       const T* __restrict o, const T* __restrict ci, const T* __restrict co,
+                       const T* __restrict csp, const T* __restrict wci, const T* __restrict wcf,
+                       const T* __restrict wco, const T* __restrict hg, const T* __restrict dhc,
+                       const T* __restrict csg, const T* __restrict gi, const T* __restrict gf,
+                       const T* __restrict go, const T* __restrict gci, const T* __restrict gco, T* __restrict di,
+                       T* __restrict dci, T* __restrict df, T* __restrict dout, T* __restrict dcs) {
+  using U = opm<T>;
+  for (int64_t k = 0; k < C; ++k) {
+    const U dh = static_cast<U>(hg[k]) + static_cast<U>(dhc[k]);
+    const U dcs_in = static_cast<U>(csg[k]) + static_cast<U>(dcs[k]);
+    const LstmBackward<U> r = lstm_backward<U>(
+        static_cast<U>(i[k]), static_cast<U>(cs[k]), static_cast<U>(f[k]), static_cast<U>(o[k]),
+        static_cast<U>(ci[k]), static_cast<U>(co[k]), static_cast<U>(csp[k]), PEEP ? static_cast<U>(wci[k]) : U(0),
+        PEEP ? static_cast<U>(wcf[k]) : U(0), PEEP ? static_cast<U>(wco[k]) : U(0), dh, dcs_in,
+        GATES ? static_cast<U>(gi[k]) : U(0), GATES ? static_cast<U>(gf[k]) : U(0),
+        GATES ? static_cast<U>(go[k]) : U(0), GATES ? static_cast<U>(gci[k]) : U(0),
+        GATES ? static_cast<U>(gco[k]) : U(0), PEEP);
+    di[k] = static_cast<T>(r.di);
+    dci[k] = static_cast<T>(r.dci);
+    df[k] = static_cast<T>(r.df);
+    dout[k] = static_cast<T>(r.do_);
+    dcs[k] = static_cast<T>(r.cs_prev_grad);
+  }
+}
+
+#else  // TORCHOPS_BRNN_ROW_KERNELS
 // CPU kernels of the GRU / LSTM block ops: the fused per-step elementwise kernels (the GEMMs and the
 // time loop are in csrc/block_rnn.cpp). Rows (batch entries) are split across threads; each row is a
 // plain loop over the cell dimension, with restrict-qualified pointers and compile-time peephole /
@@ -29,6 +135,50 @@ inline int64_t row_grain(int64_t C) { return std::max<int64_t>(1, kGrainElems / 
 template <typename T>
 using opm = at::opmath_type<T>;
 
+// Row kernels, compiled three times: for the baseline ISA, AVX2+FMA and AVX-512 (x86-64 with GCC),
+// picked at run time by what the CPU supports. The section below re-includes this file with
+// TORCHOPS_BRNN_ROW_KERNELS defined, which emits only the row kernels.
+namespace isa_base {
+#define TORCHOPS_BRNN_ROW_KERNELS
+#include "cpu/block_rnn_kernel.cpp"  // NOLINT(build/include): the row kernels above
+}  // namespace isa_base
+#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
+#define TORCHOPS_BRNN_MULTI_ISA 1
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace isa_avx2 {
+#include "cpu/block_rnn_kernel.cpp"  // NOLINT(build/include)
+}  // namespace isa_avx2
+#pragma GCC pop_options
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
+namespace isa_avx512 {
+#include "cpu/block_rnn_kernel.cpp"  // NOLINT(build/include)
+}  // namespace isa_avx512
+#pragma GCC pop_options
+#endif
+#undef TORCHOPS_BRNN_ROW_KERNELS
+
+// 0: baseline, 1: AVX2 + FMA, 2: AVX-512.
+int isa_level() {
+#ifdef TORCHOPS_BRNN_MULTI_ISA
+  static const int level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
+                               ? 2
+                               : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0);
+  return level;
+#else
+  return 0;
+#endif
+}
+
+#ifdef TORCHOPS_BRNN_MULTI_ISA
+#define TORCHOPS_PICK(...) \
+  (isa_level() == 2 ? &isa_avx512::__VA_ARGS__ : isa_level() == 1 ? &isa_avx2::__VA_ARGS__ : &isa_base::__VA_ARGS__)
+#else
+#define TORCHOPS_PICK(...) (&isa_base::__VA_ARGS__)
+#endif
+
 template <typename T>
 inline const T* cptr(const at::Tensor& t) {
   return t.defined() ? t.const_data_ptr<T>() : nullptr;
@@ -41,17 +191,6 @@ inline T* mptr(const at::Tensor& t) {
 // ------------------------------------------------------------------------------------------------
 // GRU
 // ------------------------------------------------------------------------------------------------
-template <typename T>
-void gru_gates_row(int64_t C, const T* __restrict ru, const T* __restrict hp, T* __restrict r, T* __restrict u,
-                   T* __restrict hr) {
-  using U = opm<T>;
-  for (int64_t c = 0; c < C; ++c) {
-    const GruGates<U> g = gru_gates<U>(static_cast<U>(ru[c]), static_cast<U>(ru[C + c]), static_cast<U>(hp[c]));
-    r[c] = static_cast<T>(g.r);
-    u[c] = static_cast<T>(g.u);
-    hr[c] = static_cast<T>(g.hr);
-  }
-}
 
 void gru_gates_cpu(const at::Tensor& ru_bar, const at::Tensor& h_prev, const at::Tensor& r, const at::Tensor& u,
                    const at::Tensor& hr) {
@@ -61,21 +200,11 @@ void gru_gates_cpu(const at::Tensor& ru_bar, const at::Tensor& h_prev, const at:
     scalar_t *rp = mptr<scalar_t>(r), *up = mptr<scalar_t>(u), *hrp = mptr<scalar_t>(hr);
     at::parallel_for(0, B, row_grain(C), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b)
-        gru_gates_row<scalar_t>(C, ru + b * 2 * C, hp + b * C, rp + b * C, up + b * C, hrp + b * C);
+        TORCHOPS_PICK(gru_gates_row<scalar_t>)(C, ru + b * 2 * C, hp + b * C, rp + b * C, up + b * C, hrp + b * C);
     });
   });
 }
 
-template <typename T>
-void gru_output_row(int64_t C, const T* __restrict cb, const T* __restrict u, const T* __restrict hp,
-                    T* __restrict c, T* __restrict h) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const GruOutput<U> o = gru_output<U>(static_cast<U>(cb[k]), static_cast<U>(u[k]), static_cast<U>(hp[k]));
-    c[k] = static_cast<T>(o.c);
-    h[k] = static_cast<T>(o.h);
-  }
-}
 
 void gru_output_cpu(const at::Tensor& c_bar, const at::Tensor& u, const at::Tensor& h_prev, const at::Tensor& c,
                     const at::Tensor& h) {
@@ -85,26 +214,11 @@ void gru_output_cpu(const at::Tensor& c_bar, const at::Tensor& u, const at::Tens
     scalar_t *cp = mptr<scalar_t>(c), *hout = mptr<scalar_t>(h);
     at::parallel_for(0, B, row_grain(C), [&](int64_t b0, int64_t b1) {
       for (int64_t b = b0; b < b1; ++b)
-        gru_output_row<scalar_t>(C, cb + b * C, up + b * C, hp + b * C, cp + b * C, hout + b * C);
+        TORCHOPS_PICK(gru_output_row<scalar_t>)(C, cb + b * C, up + b * C, hp + b * C, cp + b * C, hout + b * C);
     });
   });
 }
 
-template <typename T, bool GATES>
-void gru_backward_a_row(int64_t C, const T* __restrict hg, const T* __restrict carry, const T* __restrict gu,
-                        const T* __restrict gc, const T* __restrict u, const T* __restrict c,
-                        const T* __restrict hp, T* __restrict dh, T* __restrict dcb, T* __restrict dub) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const U d = static_cast<U>(hg[k]) + static_cast<U>(carry[k]);
-    const GruBwdA<U> o = gru_backward_a<U>(d, GATES ? static_cast<U>(gu[k]) : U(0),
-                                           GATES ? static_cast<U>(gc[k]) : U(0), static_cast<U>(u[k]),
-                                           static_cast<U>(c[k]), static_cast<U>(hp[k]));
-    dh[k] = static_cast<T>(d);
-    dcb[k] = static_cast<T>(o.d_c_bar);
-    dub[k] = static_cast<T>(o.d_u_bar);
-  }
-}
 
 void gru_backward_a_cpu(const at::Tensor& h_grad, const at::Tensor& dh_carry, const at::Tensor& g_u,
                         const at::Tensor& g_c, const at::Tensor& u, const at::Tensor& c, const at::Tensor& h_prev,
@@ -120,10 +234,10 @@ void gru_backward_a_cpu(const at::Tensor& h_grad, const at::Tensor& dh_carry, co
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t o = b * C;
         if (gates) {
-          gru_backward_a_row<scalar_t, true>(C, hg + o, cr + o, gu + o, gc + o, up + o, cp + o, hp + o, dh + o,
+          TORCHOPS_PICK(gru_backward_a_row<scalar_t, true>)(C, hg + o, cr + o, gu + o, gc + o, up + o, cp + o, hp + o, dh + o,
                                              dcb + o, drbu + 2 * o + C);
         } else {
-          gru_backward_a_row<scalar_t, false>(C, hg + o, cr + o, nullptr, nullptr, up + o, cp + o, hp + o, dh + o,
+          TORCHOPS_PICK(gru_backward_a_row<scalar_t, false>)(C, hg + o, cr + o, nullptr, nullptr, up + o, cp + o, hp + o, dh + o,
                                               dcb + o, drbu + 2 * o + C);
         }
       }
@@ -131,20 +245,6 @@ void gru_backward_a_cpu(const at::Tensor& h_grad, const at::Tensor& dh_carry, co
   });
 }
 
-template <typename T, bool GATES, bool HR>
-void gru_backward_b_row(int64_t C, const T* __restrict dhr, const T* __restrict gr, const T* __restrict dh,
-                        const T* __restrict r, const T* __restrict u, const T* __restrict hp, T* __restrict drb,
-                        T* __restrict part, T* __restrict hr) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const GruBwdB<U> o =
-        gru_backward_b<U>(static_cast<U>(dhr[k]), GATES ? static_cast<U>(gr[k]) : U(0), static_cast<U>(dh[k]),
-                          static_cast<U>(r[k]), static_cast<U>(u[k]), static_cast<U>(hp[k]));
-    drb[k] = static_cast<T>(o.d_r_bar);
-    part[k] = static_cast<T>(o.d_h_prev_part);
-    if (HR) hr[k] = static_cast<T>(o.hr);
-  }
-}
 
 void gru_backward_b_cpu(const at::Tensor& d_hr, const at::Tensor& g_r, const at::Tensor& dh, const at::Tensor& r,
                         const at::Tensor& u, const at::Tensor& h_prev, const at::Tensor& d_rbu,
@@ -161,16 +261,16 @@ void gru_backward_b_cpu(const at::Tensor& d_hr, const at::Tensor& g_r, const at:
         const scalar_t* g = gates ? gr + o : nullptr;
         scalar_t* h = want_hr ? hrp + o : nullptr;
         if (gates && want_hr)
-          gru_backward_b_row<scalar_t, true, true>(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
+          TORCHOPS_PICK(gru_backward_b_row<scalar_t, true, true>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
                                                    part + o, h);
         else if (gates)
-          gru_backward_b_row<scalar_t, true, false>(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
+          TORCHOPS_PICK(gru_backward_b_row<scalar_t, true, false>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
                                                     part + o, h);
         else if (want_hr)
-          gru_backward_b_row<scalar_t, false, true>(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
+          TORCHOPS_PICK(gru_backward_b_row<scalar_t, false, true>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
                                                     part + o, h);
         else
-          gru_backward_b_row<scalar_t, false, false>(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o,
+          TORCHOPS_PICK(gru_backward_b_row<scalar_t, false, false>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o,
                                                      drbu + 2 * o, part + o, h);
       }
     });
@@ -180,27 +280,6 @@ void gru_backward_b_cpu(const at::Tensor& d_hr, const at::Tensor& g_r, const at:
 // ------------------------------------------------------------------------------------------------
 // LSTM
 // ------------------------------------------------------------------------------------------------
-template <typename T, bool PEEP>
-void lstm_forward_row(int64_t C, const T* __restrict gi, const T* __restrict gci, const T* __restrict gf,
-                      const T* __restrict go, const T* __restrict csp, const T* __restrict wci,
-                      const T* __restrict wcf, const T* __restrict wco, opm<T> fb, opm<T> clip, T* __restrict i,
-                      T* __restrict cs, T* __restrict f, T* __restrict o, T* __restrict ci, T* __restrict co,
-                      T* __restrict h) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const LstmForward<U> r = lstm_forward<U>(
-        static_cast<U>(gi[k]), static_cast<U>(gci[k]), static_cast<U>(gf[k]), static_cast<U>(go[k]),
-        static_cast<U>(csp[k]), PEEP ? static_cast<U>(wci[k]) : U(0), PEEP ? static_cast<U>(wcf[k]) : U(0),
-        PEEP ? static_cast<U>(wco[k]) : U(0), fb, clip, PEEP);
-    i[k] = static_cast<T>(r.i);
-    cs[k] = static_cast<T>(r.cs);
-    f[k] = static_cast<T>(r.f);
-    o[k] = static_cast<T>(r.o);
-    ci[k] = static_cast<T>(r.ci);
-    co[k] = static_cast<T>(r.co);
-    h[k] = static_cast<T>(r.h);
-  }
-}
 
 void lstm_forward_cpu(const at::Tensor& gates, const at::Tensor& cs_prev, const at::Tensor& wci,
                       const at::Tensor& wcf, const at::Tensor& wco, double forget_bias, double cell_clip,
@@ -220,10 +299,10 @@ void lstm_forward_cpu(const at::Tensor& gates, const at::Tensor& cs_prev, const 
         const scalar_t* gr = g + b * 4 * C;
         const int64_t s = b * C;
         if (use_peephole) {
-          lstm_forward_row<scalar_t, true>(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o, csp + s, pi, pf, po,
+          TORCHOPS_PICK(lstm_forward_row<scalar_t, true>)(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o, csp + s, pi, pf, po,
                                            fb, clip, ip + s, csout + s, fp + s, op + s, cip + s, cop + s, hp + s);
         } else {
-          lstm_forward_row<scalar_t, false>(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o, csp + s, pi, pf,
+          TORCHOPS_PICK(lstm_forward_row<scalar_t, false>)(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o, csp + s, pi, pf,
                                             po, fb, clip, ip + s, csout + s, fp + s, op + s, cip + s, cop + s,
                                             hp + s);
         }
@@ -232,35 +311,9 @@ void lstm_forward_cpu(const at::Tensor& gates, const at::Tensor& cs_prev, const 
   });
 }
 
-template <typename T, bool PEEP, bool GATES>
-void lstm_backward_row(int64_t C, const T* __restrict i, const T* __restrict cs, const T* __restrict f,
-                       const T* __restrict o, const T* __restrict ci, const T* __restrict co,
-                       const T* __restrict csp, const T* __restrict wci, const T* __restrict wcf,
-                       const T* __restrict wco, const T* __restrict hg, const T* __restrict dhc,
-                       const T* __restrict csg, const T* __restrict gi, const T* __restrict gf,
-                       const T* __restrict go, const T* __restrict gci, const T* __restrict gco, T* __restrict di,
-                       T* __restrict dci, T* __restrict df, T* __restrict dout, T* __restrict dcs) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const U dh = static_cast<U>(hg[k]) + static_cast<U>(dhc[k]);
-    const U dcs_in = static_cast<U>(csg[k]) + static_cast<U>(dcs[k]);
-    const LstmBackward<U> r = lstm_backward<U>(
-        static_cast<U>(i[k]), static_cast<U>(cs[k]), static_cast<U>(f[k]), static_cast<U>(o[k]),
-        static_cast<U>(ci[k]), static_cast<U>(co[k]), static_cast<U>(csp[k]), PEEP ? static_cast<U>(wci[k]) : U(0),
-        PEEP ? static_cast<U>(wcf[k]) : U(0), PEEP ? static_cast<U>(wco[k]) : U(0), dh, dcs_in,
-        GATES ? static_cast<U>(gi[k]) : U(0), GATES ? static_cast<U>(gf[k]) : U(0),
-        GATES ? static_cast<U>(go[k]) : U(0), GATES ? static_cast<U>(gci[k]) : U(0),
-        GATES ? static_cast<U>(gco[k]) : U(0), PEEP);
-    di[k] = static_cast<T>(r.di);
-    dci[k] = static_cast<T>(r.dci);
-    df[k] = static_cast<T>(r.df);
-    dout[k] = static_cast<T>(r.do_);
-    dcs[k] = static_cast<T>(r.cs_prev_grad);
-  }
-}
 
 #define TORCHOPS_LSTM_BWD_ROW(P, G)                                                                             \
-  lstm_backward_row<scalar_t, P, G>(C, ip + s, csp_ + s, fp + s, op + s, cip + s, cop + s, cprev + s, pi, pf, po, \
+  TORCHOPS_PICK(lstm_backward_row<scalar_t, P, G>)(C, ip + s, csp_ + s, fp + s, op + s, cip + s, cop + s, cprev + s, pi, pf, po, \
                                     hg + s, dhc + s, csg + s, G ? gi + s : nullptr, G ? gf + s : nullptr,        \
                                     G ? go + s : nullptr, G ? gci + s : nullptr, G ? gco + s : nullptr,          \
                                     dgr + off.i, dgr + off.ci, dgr + off.f, dgr + off.o, dcs + s)
@@ -311,3 +364,5 @@ const Kernels kCpu{gru_gates_cpu,    gru_output_cpu,   gru_backward_a_cpu, gru_b
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
   torchops::brnn::register_impls<torchops::brnn::kCpu>(m);
 }
+
+#endif  // TORCHOPS_BRNN_ROW_KERNELS
