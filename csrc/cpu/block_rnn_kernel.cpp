@@ -128,7 +128,7 @@ namespace torchops {
 namespace brnn {
 namespace {
 
-constexpr int64_t kGrainElems = 8192;  // elements per parallel task
+constexpr int64_t kGrainElems = 2048;  // elements per parallel task
 
 inline int64_t row_grain(int64_t C) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(C, 1)); }
 
