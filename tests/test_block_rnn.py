@@ -905,3 +905,22 @@ def test_cuda_parity_lstm(dtype, use_peephole):
                                   og[1].detach(), og[6].detach(), use_peephole)
     for a, b in zip(rc, rg):
         close(a.float(), b.float().cpu(), rtol=10 * tol, atol=10 * tol)
+
+
+def test_lstm_noncontiguous_inputs():
+    args = lstm_inputs(B=3, I=4, C=5, T=4, seed=90)
+    nc = [args[0].transpose(0, 1).contiguous().transpose(0, 1)] + [
+        a.T.contiguous().T if a.dim() == 2 else torch.stack([a, a], 1)[:, 0] for a in args[1:]]
+    assert not any(t.is_contiguous() for t in nc)
+    for a, b in zip(ops.block_lstm(sl(4), *nc, 1.0, 0.5, True), ref_block_lstm(*args, 1.0, 0.5, True, False)):
+        close(a, b)
+    cell = [nc[0][1]] + nc[1:]
+    assert not cell[0].is_contiguous()
+    for a, b in zip(ops.lstm_block_cell(*cell, 1.0, 0.5, True), ref_lstm_cell(args[0][1], *args[1:], 1.0, 0.5, True)):
+        close(a, b)
+    raw = ops.block_lstm_grad(sl(4), *nc, *ops.block_lstm(sl(4), *nc), nc[0].new_ones(4, 3, 5).transpose(1, 2)
+                              .contiguous().transpose(1, 2), torch.ones(4, 3, 5, dtype=F64), False)
+    ref = ops.block_lstm_grad(sl(4), *args, *ops.block_lstm(sl(4), *args), torch.ones(4, 3, 5, dtype=F64),
+                              torch.ones(4, 3, 5, dtype=F64), False)
+    for a, b in zip(raw, ref):
+        close(a, b)
