@@ -15,6 +15,7 @@
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <vector>
 
 namespace torchops {
@@ -65,6 +66,12 @@ int64_t read_seq_len_max(const at::Tensor& s, int64_t T) {
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
 void addmm_into(at::Tensor out, const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
   at::addmm_out(out, bias, a, b);
+}
+
+// Steps whose input projections are computed by one GEMM: enough rows (>= 256) for an efficient
+// GEMM, few enough that the projection buffer stays cache-sized instead of [T, B, nC].
+int64_t projection_chunk(int64_t L, int64_t B) {
+  return std::max<int64_t>(1, std::min<int64_t>(L, (256 + B - 1) / std::max<int64_t>(B, 1)));
 }
 
 // Row sum over the batch (and time) axes of a 2-D matrix, accumulated in the op math type.
@@ -146,19 +153,23 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
   const auto opts = x3.options();
   const at::Tensor wru_x = w_ru.narrow(0, 0, I), wru_h = w_ru.narrow(0, I, C);
   const at::Tensor wc_x = w_c.narrow(0, 0, I), wc_h = w_c.narrow(0, I, C);
-  at::Tensor pre_ru = at::empty({L, B, 2 * C}, opts);
-  at::Tensor pre_c = at::empty({L, B, C}, opts);
+  const int64_t chunk = projection_chunk(L, B);
+  at::Tensor pre_ru = at::empty({chunk, B, 2 * C}, opts);
+  at::Tensor pre_c = at::empty({chunk, B, C}, opts);
   at::Tensor hr = at::empty({B, C}, opts);
-  const at::Tensor x2d = x3.narrow(0, 0, L).view({L * B, I});
-  addmm_into(pre_ru.view({L * B, 2 * C}), b_ru, x2d, wru_x);
-  addmm_into(pre_c.view({L * B, C}), b_c, x2d, wc_x);
   for (int64_t t = 0; t < L; ++t) {
+    if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM each
+      const int64_t n = std::min(chunk, L - t);
+      const at::Tensor x2d = x3.narrow(0, t, n).view({n * B, I});
+      addmm_into(pre_ru.narrow(0, 0, n).view({n * B, 2 * C}), b_ru, x2d, wru_x);
+      addmm_into(pre_c.narrow(0, 0, n).view({n * B, C}), b_c, x2d, wc_x);
+    }
     const at::Tensor hp = t == 0 ? h_prev : h.select(0, t - 1);
-    at::Tensor ru_t = pre_ru.select(0, t);
+    at::Tensor ru_t = pre_ru.select(0, t % chunk);
     ru_t.addmm_(hp, wru_h);
     const at::Tensor u_t = u.select(0, t);
     k.gru_gates(ru_t, hp, r.select(0, t), u_t, hr);
-    at::Tensor c_t = pre_c.select(0, t);
+    at::Tensor c_t = pre_c.select(0, t % chunk);
     c_t.addmm_(hr, wc_h);
     k.gru_output(c_t, u_t, hp, c.select(0, t), h.select(0, t));
   }
@@ -394,12 +405,16 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
                        bool ifco, const LstmOuts& out, const Kernels& k) {
   const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
   const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
-  at::Tensor pre = at::empty({L, B, 4 * C}, x3.options());
-  addmm_into(pre.view({L * B, 4 * C}), b, x3.narrow(0, 0, L).view({L * B, I}), w_x);
+  const int64_t chunk = projection_chunk(L, B);
+  at::Tensor pre = at::empty({chunk, B, 4 * C}, x3.options());
   for (int64_t t = 0; t < L; ++t) {
+    if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM
+      const int64_t n = std::min(chunk, L - t);
+      addmm_into(pre.narrow(0, 0, n).view({n * B, 4 * C}), b, x3.narrow(0, t, n).view({n * B, I}), w_x);
+    }
     const at::Tensor csp = t == 0 ? cs_prev : out.cs.select(0, t - 1);
     const at::Tensor hp = t == 0 ? h_prev : out.h.select(0, t - 1);
-    at::Tensor g = pre.select(0, t);
+    at::Tensor g = pre.select(0, t % chunk);
     g.addmm_(hp, w_h);
     k.lstm_forward(g, csp, wci, wcf, wco, forget_bias, cell_clip, use_peephole, ifco, out.i.select(0, t),
                    out.cs.select(0, t), out.f.select(0, t), out.o.select(0, t), out.ci.select(0, t),

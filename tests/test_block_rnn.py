@@ -924,3 +924,13 @@ def test_lstm_noncontiguous_inputs():
                               torch.ones(4, 3, 5, dtype=F64), False)
     for a, b in zip(raw, ref):
         close(a, b)
+
+
+def test_sequences_longer_than_one_projection_chunk():
+    # B = 64: the input projections are computed 4 steps at a time; T = 10 and seq_len_max = 9 cross chunks.
+    args = lstm_inputs(B=64, I=3, C=2, T=10, seed=91)
+    for a, b in zip(ops.block_lstm_v2(sl(9), *args, 0.0, True), ref_block_lstm(*args, 0.0, 0.0, True, True, L=9)):
+        close(a, b)
+    args = gru_inputs(B=64, I=3, C=2, T=10, seed=92)
+    for a, b in zip(ops.block_gru(sl(9), *args), ref_block_gru(*args, L=9)):
+        close(a, b)
