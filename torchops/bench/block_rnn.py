@@ -38,8 +38,8 @@ def _cases(device):
     for (b, i, c) in CELL_SHAPES:
         args = [_p(b, i, device=device), _p(b, c, device=device), _p(i + c, 2 * c, device=device),
                 _p(i + c, c, device=device), _p(2 * c, device=device), _p(c, device=device)]
-        ours = lambda: torch.ops.torchops.gru_block_cell(*args)  # noqa: E731
-        native = lambda: _composed_gru_cell(*args)  # noqa: E731
+        ours = lambda args=args: torch.ops.torchops.gru_block_cell(*args)  # noqa: E731
+        native = lambda args=args: _composed_gru_cell(*args)  # noqa: E731
         name = f"gru_block_cell B={b} I={i} C={c}"
         yield name + " forward", ours, native
         yield name + " fwd+bwd", _fwd_bwd(ours, 3, args), _fwd_bwd(native, 3, args)
@@ -50,8 +50,8 @@ def _cases(device):
         bias = (lstm.bias_ih_l0 + lstm.bias_hh_l0).detach().requires_grad_()
         z = torch.zeros(c, device=device)
         seq = torch.tensor(t, dtype=torch.int64)
-        ours = lambda: torch.ops.torchops.block_lstm_v2(seq, x, c0, h0, w, z, z, z, bias)  # noqa: E731
-        native = lambda: lstm(x, (h0[None], c0[None]))  # noqa: E731
+        ours = lambda a=(seq, x, c0, h0, w, z, z, z, bias): torch.ops.torchops.block_lstm_v2(*a)  # noqa: E731
+        native = lambda m=lstm, x=x, h0=h0, c0=c0: m(x, (h0[None], c0[None]))  # noqa: E731
         name = f"block_lstm_v2 vs nn.LSTM T={t} B={b} I={i} C={c}"
         yield name + " forward", ours, native
         yield name + " fwd+bwd", _fwd_bwd(ours, 6, [x, h0, c0, w, bias]), _fwd_bwd(
@@ -59,8 +59,8 @@ def _cases(device):
         gru = torch.nn.GRU(i, c).to(device)
         w_ru, w_c = _p(i + c, 2 * c, device=device), _p(i + c, c, device=device)
         b_ru, b_c = _p(2 * c, device=device), _p(c, device=device)
-        ours = lambda: torch.ops.torchops.block_gru(seq, x, h0, w_ru, w_c, b_ru, b_c)  # noqa: E731
-        native = lambda: gru(x, h0[None])  # noqa: E731
+        ours = lambda a=(seq, x, h0, w_ru, w_c, b_ru, b_c): torch.ops.torchops.block_gru(*a)  # noqa: E731
+        native = lambda m=gru, x=x, h0=h0: m(x, h0[None])  # noqa: E731
         name = f"block_gru vs nn.GRU T={t} B={b} I={i} C={c}"
         yield name + " forward", ours, native
         yield name + " fwd+bwd", _fwd_bwd(ours, 3, [x, h0, w_ru, w_c, b_ru, b_c]), _fwd_bwd(
