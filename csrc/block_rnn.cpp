@@ -758,7 +758,7 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
                        const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
                        const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
                        const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
-                       bool use_peephole, bool ifco, const char* op_name, const Kernels& k) {
+                       bool use_peephole, bool ifco, const Kernels& k) {
   std::vector<std::pair<const at::Tensor*, const char*>> seq = {{&i, "i"},   {&cs, "cs"}, {&f, "f"}, {&o, "o"},
                                                                 {&ci, "ci"}, {&co, "co"}, {&h, "h"}};
   const std::vector<std::pair<const OptT*, const char*>> opt = {{&cs_grad, "cs_grad"}, {&h_grad, "h_grad"},
@@ -781,7 +781,6 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
   }
   g.x_grad.narrow(0, L, d.T - L).zero_();
   if (L == 0 || d.B == 0) g.x_grad.zero_();
-  (void)op_name;
   return {g.x_grad, g.cs_prev_grad, g.h_prev_grad, g.w_grad, g.wci_grad, g.wcf_grad, g.wco_grad, g.b_grad};
 }
 

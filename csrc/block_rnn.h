@@ -98,7 +98,7 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
                        const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
                        const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
                        const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
-                       bool use_peephole, bool ifco, const char* op_name, const Kernels& k);
+                       bool use_peephole, bool ifco, const Kernels& k);
 
 // The op entry points of one backend (its Kernels table K), and their registration; each backend file
 // calls register_impls<its table>(m) in its TORCH_LIBRARY_IMPL block.
@@ -167,8 +167,7 @@ static T8 block_lstm_grad(const at::Tensor& s, const at::Tensor& x, const at::Te
                        const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co, const at::Tensor& h,
                        const at::Tensor& cs_grad, const at::Tensor& h_grad, bool use_peephole) {
   return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad, h_grad,
-                             OptT(), OptT(), OptT(), OptT(), OptT(), use_peephole, IFCO,
-                             IFCO ? "block_lstm_grad_v2" : "block_lstm_grad", K);
+                             OptT(), OptT(), OptT(), OptT(), OptT(), use_peephole, IFCO, K);
 }
 static T8 block_lstm_backward_op(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
                            const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
@@ -178,8 +177,7 @@ static T8 block_lstm_backward_op(const at::Tensor& s, const at::Tensor& x, const
                            const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
                            bool use_peephole, bool ifco) {
   return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad, h_grad,
-                             i_grad, f_grad, o_grad, ci_grad, co_grad, use_peephole, ifco, "_block_lstm_backward",
-                             K);
+                             i_grad, f_grad, o_grad, ci_grad, co_grad, use_peephole, ifco, K);
 }
 
 };
