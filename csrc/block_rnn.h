@@ -104,82 +104,94 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
 // calls register_impls<its table>(m) in its TORCH_LIBRARY_IMPL block.
 template <const Kernels& K>
 struct Impls {
-static T4 gru_block_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
-                      const at::Tensor& b_ru, const at::Tensor& b_c) {
-  return ::torchops::brnn::gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c, K);
-}
-static T4 gru_block_cell_grad(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+  static T4 gru_block_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                           const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c) {
+    return ::torchops::brnn::gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c, K);
+  }
+  static T4 gru_block_cell_grad(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                                const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c,
+                                const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
+                                const at::Tensor& d_h) {
+    return ::torchops::brnn::gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h, K);
+  }
+  static T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                                    const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u,
+                                    const at::Tensor& c, const OptT& d_r, const OptT& d_u, const OptT& d_c,
+                                    const OptT& d_h) {
+    return ::torchops::brnn::gru_block_cell_backward(x, h_prev, w_ru, w_c, r, u, c, d_r, d_u, d_c, d_h, K);
+  }
+  static T4 block_gru(const at::Tensor& s, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                      const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c) {
+    return ::torchops::brnn::block_gru(s, x, h_prev, w_ru, w_c, b_ru, b_c, K);
+  }
+  static T6 block_gru_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
                            const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c, const at::Tensor& r,
-                           const at::Tensor& u, const at::Tensor& c, const at::Tensor& d_h) {
-  return ::torchops::brnn::gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h, K);
-}
-static T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
-                               const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
-                               const OptT& d_r, const OptT& d_u, const OptT& d_c, const OptT& d_h) {
-  return ::torchops::brnn::gru_block_cell_backward(x, h_prev, w_ru, w_c, r, u, c, d_r, d_u, d_c, d_h, K);
-}
-static T4 block_gru(const at::Tensor& s, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
-                 const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c) {
-  return ::torchops::brnn::block_gru(s, x, h_prev, w_ru, w_c, b_ru, b_c, K);
-}
-static T6 block_gru_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
-                      const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c, const at::Tensor& r,
-                      const at::Tensor& u, const at::Tensor& c, const at::Tensor& h, const at::Tensor& h_grad,
-                      const OptT& r_grad, const OptT& u_grad, const OptT& c_grad) {
-  return ::torchops::brnn::block_gru_grad(s, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad, r_grad, u_grad, c_grad, K);
-}
-static T7 lstm_block_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev, const at::Tensor& w,
-                       const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
-                       double forget_bias, double cell_clip, bool use_peephole) {
-  return ::torchops::brnn::lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip, use_peephole, K);
-}
-static T5 lstm_block_cell_grad(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                           const at::Tensor& u, const at::Tensor& c, const at::Tensor& h, const at::Tensor& h_grad,
+                           const OptT& r_grad, const OptT& u_grad, const OptT& c_grad) {
+    return ::torchops::brnn::block_gru_grad(s, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad, r_grad, u_grad,
+                                            c_grad, K);
+  }
+  static T7 lstm_block_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                             const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
-                            const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
-                            const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
-                            const at::Tensor& cs_grad, const at::Tensor& h_grad, bool use_peephole) {
-  return ::torchops::brnn::lstm_block_cell_grad(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, cs_grad, h_grad,
-                              use_peephole, K);
-}
-static T8 lstm_block_cell_backward(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
-                                const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
-                                const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs,
-                                const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
-                                const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad, const OptT& f_grad,
-                                const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad, bool use_peephole) {
-  return ::torchops::brnn::lstm_block_cell_backward(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, cs_grad, h_grad,
-                                  i_grad, f_grad, o_grad, ci_grad, co_grad, use_peephole, K);
-}
-static T7 block_lstm(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
-                  const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
-                  const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole) {
-  return ::torchops::brnn::block_lstm(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip, use_peephole, false, K);
-}
-static T7 block_lstm_v2(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
-                     const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
-                     const at::Tensor& b, double cell_clip, bool use_peephole) {
-  return ::torchops::brnn::block_lstm(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, 0.0, cell_clip, use_peephole, true, K);
-}
-template <bool IFCO>
-static T8 block_lstm_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                            const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole) {
+    return ::torchops::brnn::lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                                             use_peephole, K);
+  }
+  static T5 lstm_block_cell_grad(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                                 const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                                 const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
+                                 const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci,
+                                 const at::Tensor& co, const at::Tensor& cs_grad, const at::Tensor& h_grad,
+                                 bool use_peephole) {
+    return ::torchops::brnn::lstm_block_cell_grad(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
+                                                  cs_grad, h_grad, use_peephole, K);
+  }
+  static T8 lstm_block_cell_backward(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                                     const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                                     const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
+                                     const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
+                                     const at::Tensor& ci, const at::Tensor& co, const OptT& cs_grad,
+                                     const OptT& h_grad, const OptT& i_grad, const OptT& f_grad, const OptT& o_grad,
+                                     const OptT& ci_grad, const OptT& co_grad, bool use_peephole) {
+    return ::torchops::brnn::lstm_block_cell_backward(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
+                                                      cs_grad, h_grad, i_grad, f_grad, o_grad, ci_grad, co_grad,
+                                                      use_peephole, K);
+  }
+  static T7 block_lstm(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
-                       const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
-                       const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co, const at::Tensor& h,
-                       const at::Tensor& cs_grad, const at::Tensor& h_grad, bool use_peephole) {
-  return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad, h_grad,
-                             OptT(), OptT(), OptT(), OptT(), OptT(), use_peephole, IFCO, K);
-}
-static T8 block_lstm_backward_op(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
-                           const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
-                           const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs,
-                           const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
-                           const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
-                           const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
-                           bool use_peephole, bool ifco) {
-  return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad, h_grad,
-                             i_grad, f_grad, o_grad, ci_grad, co_grad, use_peephole, ifco, K);
-}
-
+                       const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole) {
+    return ::torchops::brnn::block_lstm(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                                        use_peephole, false, K);
+  }
+  static T7 block_lstm_v2(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                          const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                          const at::Tensor& wco, const at::Tensor& b, double cell_clip, bool use_peephole) {
+    return ::torchops::brnn::block_lstm(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, 0.0, cell_clip, use_peephole,
+                                        true, K);
+  }
+  template <bool IFCO>
+  static T8 block_lstm_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                            const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
+                            const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
+                            const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci,
+                            const at::Tensor& co, const at::Tensor& h, const at::Tensor& cs_grad,
+                            const at::Tensor& h_grad, bool use_peephole) {
+    return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                                                 cs_grad, h_grad, OptT(), OptT(), OptT(), OptT(), OptT(),
+                                                 use_peephole, IFCO, K);
+  }
+  static T8 block_lstm_backward_op(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                                   const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
+                                   const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
+                                   const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                                   const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
+                                   const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
+                                   const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
+                                   bool use_peephole, bool ifco) {
+    return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                                                 cs_grad, h_grad, i_grad, f_grad, o_grad, ci_grad, co_grad,
+                                                 use_peephole, ifco, K);
+  }
 };
 
 template <const Kernels& K>

@@ -206,7 +206,6 @@ void gru_gates_cpu(const at::Tensor& ru_bar, const at::Tensor& h_prev, const at:
   });
 }
 
-
 void gru_output_cpu(const at::Tensor& c_bar, const at::Tensor& u, const at::Tensor& h_prev, const at::Tensor& c,
                     const at::Tensor& h) {
   const int64_t B = h_prev.size(0), C = h_prev.size(1);
@@ -219,7 +218,6 @@ void gru_output_cpu(const at::Tensor& c_bar, const at::Tensor& u, const at::Tens
     });
   });
 }
-
 
 void gru_backward_a_cpu(const at::Tensor& h_grad, const at::Tensor& dh_carry, const at::Tensor& g_u,
                         const at::Tensor& g_c, const at::Tensor& u, const at::Tensor& c, const at::Tensor& h_prev,
@@ -235,17 +233,16 @@ void gru_backward_a_cpu(const at::Tensor& h_grad, const at::Tensor& dh_carry, co
       for (int64_t b = b0; b < b1; ++b) {
         const int64_t o = b * C;
         if (gates) {
-          TORCHOPS_PICK(gru_backward_a_row<scalar_t, true>)(C, hg + o, cr + o, gu + o, gc + o, up + o, cp + o, hp + o, dh + o,
-                                             dcb + o, drbu + 2 * o + C);
+          TORCHOPS_PICK(gru_backward_a_row<scalar_t, true>)(C, hg + o, cr + o, gu + o, gc + o, up + o, cp + o, hp + o,
+              dh + o, dcb + o, drbu + 2 * o + C);
         } else {
-          TORCHOPS_PICK(gru_backward_a_row<scalar_t, false>)(C, hg + o, cr + o, nullptr, nullptr, up + o, cp + o, hp + o, dh + o,
-                                              dcb + o, drbu + 2 * o + C);
+          TORCHOPS_PICK(gru_backward_a_row<scalar_t, false>)(C, hg + o, cr + o, nullptr, nullptr, up + o, cp + o,
+              hp + o, dh + o, dcb + o, drbu + 2 * o + C);
         }
       }
     });
   });
 }
-
 
 void gru_backward_b_cpu(const at::Tensor& d_hr, const at::Tensor& g_r, const at::Tensor& dh, const at::Tensor& r,
                         const at::Tensor& u, const at::Tensor& h_prev, const at::Tensor& d_rbu,
@@ -262,17 +259,17 @@ void gru_backward_b_cpu(const at::Tensor& d_hr, const at::Tensor& g_r, const at:
         const scalar_t* g = gates ? gr + o : nullptr;
         scalar_t* h = want_hr ? hrp + o : nullptr;
         if (gates && want_hr)
-          TORCHOPS_PICK(gru_backward_b_row<scalar_t, true, true>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
-                                                   part + o, h);
+          TORCHOPS_PICK(gru_backward_b_row<scalar_t, true, true>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o,
+              drbu + 2 * o, part + o, h);
         else if (gates)
-          TORCHOPS_PICK(gru_backward_b_row<scalar_t, true, false>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
-                                                    part + o, h);
+          TORCHOPS_PICK(gru_backward_b_row<scalar_t, true, false>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o,
+              drbu + 2 * o, part + o, h);
         else if (want_hr)
-          TORCHOPS_PICK(gru_backward_b_row<scalar_t, false, true>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o, drbu + 2 * o,
-                                                    part + o, h);
+          TORCHOPS_PICK(gru_backward_b_row<scalar_t, false, true>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o,
+              drbu + 2 * o, part + o, h);
         else
           TORCHOPS_PICK(gru_backward_b_row<scalar_t, false, false>)(C, dhr + o, g, dhp + o, rp + o, up + o, hp + o,
-                                                     drbu + 2 * o, part + o, h);
+              drbu + 2 * o, part + o, h);
       }
     });
   });
@@ -300,24 +297,22 @@ void lstm_forward_cpu(const at::Tensor& gates, const at::Tensor& cs_prev, const 
         const scalar_t* gr = g + b * 4 * C;
         const int64_t s = b * C;
         if (use_peephole) {
-          TORCHOPS_PICK(lstm_forward_row<scalar_t, true>)(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o, csp + s, pi, pf, po,
-                                           fb, clip, ip + s, csout + s, fp + s, op + s, cip + s, cop + s, hp + s);
+          TORCHOPS_PICK(lstm_forward_row<scalar_t, true>)(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o, csp + s,
+              pi, pf, po, fb, clip, ip + s, csout + s, fp + s, op + s, cip + s, cop + s, hp + s);
         } else {
-          TORCHOPS_PICK(lstm_forward_row<scalar_t, false>)(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o, csp + s, pi, pf,
-                                            po, fb, clip, ip + s, csout + s, fp + s, op + s, cip + s, cop + s,
-                                            hp + s);
+          TORCHOPS_PICK(lstm_forward_row<scalar_t, false>)(C, gr + off.i, gr + off.ci, gr + off.f, gr + off.o,
+              csp + s, pi, pf, po, fb, clip, ip + s, csout + s, fp + s, op + s, cip + s, cop + s, hp + s);
         }
       }
     });
   });
 }
 
-
-#define TORCHOPS_LSTM_BWD_ROW(P, G)                                                                             \
-  TORCHOPS_PICK(lstm_backward_row<scalar_t, P, G>)(C, ip + s, csp_ + s, fp + s, op + s, cip + s, cop + s, cprev + s, pi, pf, po, \
-                                    hg + s, dhc + s, csg + s, G ? gi + s : nullptr, G ? gf + s : nullptr,        \
-                                    G ? go + s : nullptr, G ? gci + s : nullptr, G ? gco + s : nullptr,          \
-                                    dgr + off.i, dgr + off.ci, dgr + off.f, dgr + off.o, dcs + s)
+#define TORCHOPS_LSTM_BWD_ROW(P, G)                                                                         \
+  TORCHOPS_PICK(lstm_backward_row<scalar_t, P, G>)(                                                         \
+      C, ip + s, csp_ + s, fp + s, op + s, cip + s, cop + s, cprev + s, pi, pf, po, hg + s, dhc + s, csg + s, \
+      G ? gi + s : nullptr, G ? gf + s : nullptr, G ? go + s : nullptr, G ? gci + s : nullptr,               \
+      G ? gco + s : nullptr, dgr + off.i, dgr + off.ci, dgr + off.f, dgr + off.o, dcs + s)
 
 void lstm_backward_cpu(const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
                        const at::Tensor& ci, const at::Tensor& co, const at::Tensor& cs_prev, const at::Tensor& wci,
