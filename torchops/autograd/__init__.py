@@ -4,6 +4,7 @@ They call the same forward and grad ops as the C++ autograd (which `torch.ops.to
 default) and hold no math of their own; they exist for users who want the documented
 forward/backward pair as an explicit Python Function.
 """
+from .block_rnn import BlockGRU, BlockLSTM, BlockLSTMV2, GRUBlockCell, LSTMBlockCell
 from .fused_batch_norm import FusedBatchNormV3
 
-__all__ = ["FusedBatchNormV3"]
+__all__ = ["FusedBatchNormV3", "GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM", "BlockLSTMV2"]

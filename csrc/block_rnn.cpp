@@ -1,0 +1,860 @@
+// GRU / LSTM block ops: schemas, validation (TF's order and key phrases, spec §3.2, §4.3, §4.5, §4.6)
+// and the device-independent orchestration. One algorithm for every op: the input projections of all
+// time steps are one GEMM (x rows of the weight), each step adds the recurrent GEMM (h rows of the
+// weight) in place and runs one fused elementwise kernel per gate step. The weight/input gradients
+// of a sequence are GEMMs over all steps at once after the time loop. Cells are sequences of length 1.
+// Outputs and workspaces are allocated once per call; the loops write into slices.
+#include "block_rnn.h"
+#include "common/block_rnn_math.h"
+
+#include <ATen/ops/addmm.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mm.h>
+#include <ATen/ops/sum.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+namespace torchops {
+namespace brnn {
+namespace {
+
+// ------------------------------------------------------------------------------------------------
+// validation helpers
+// ------------------------------------------------------------------------------------------------
+void check_float(const at::Tensor& x, const char* name) {
+  const auto t = x.scalar_type();
+  TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, name,
+              " must be float32, float64, float16 or bfloat16, got ", t);
+}
+
+void check_like(const at::Tensor& x, const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), name, " must have the same dtype as x (", x.scalar_type(),
+              "), got ", t.scalar_type());
+  TORCH_CHECK(t.device() == x.device(), name, " must be on the same device as x (", x.device(), "), got ",
+              t.device());
+}
+
+void check_shape(const at::Tensor& t, at::IntArrayRef want, const char* name) {
+  TORCH_CHECK(t.sizes() == want, name, " must have shape ", want, ", got ", t.sizes());
+}
+
+void check_opt(const OptT& t, const at::Tensor& x, at::IntArrayRef want, const char* name) {
+  if (t.has_value() && t->defined()) {
+    check_like(x, *t, name);
+    check_shape(*t, want, name);
+  }
+}
+
+at::Tensor opt_contig(const OptT& t) {
+  return t.has_value() && t->defined() ? t->contiguous() : at::Tensor();
+}
+
+// Reads and validates seq_len_max (0-d int64, any device) against T.
+int64_t read_seq_len_max(const at::Tensor& s, int64_t T) {
+  TORCH_CHECK(s.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", s.dim());
+  TORCH_CHECK(s.scalar_type() == at::kLong, "seq_len_max must be an int64 tensor, got ", s.scalar_type());
+  const int64_t v = s.item<int64_t>();
+  TORCH_CHECK(v >= 0 && v <= T, "seq_len_max must be between 0 and ", T, " but is ", v);
+  return v;
+}
+
+// GEMMs into preallocated outputs (views of larger buffers).
+void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
+void addmm_into(at::Tensor out, const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  at::addmm_out(out, bias, a, b);
+}
+
+// Steps whose input projections are computed by one GEMM: enough rows (>= 256) for an efficient
+// GEMM, few enough that the projection buffer stays cache-sized instead of [T, B, nC].
+int64_t projection_chunk(int64_t L, int64_t B) {
+  return std::max<int64_t>(1, std::min<int64_t>(L, (256 + B - 1) / std::max<int64_t>(B, 1)));
+}
+
+// Row sum over the batch (and time) axes of a 2-D matrix, accumulated in the op math type.
+at::Tensor sum_rows(const at::Tensor& m) {
+  const auto st = m.scalar_type();
+  if (st == at::kHalf || st == at::kBFloat16) return at::sum(m, {0}, false, at::kFloat).to(st);
+  return at::sum(m, {0});
+}
+
+// ------------------------------------------------------------------------------------------------
+// GRU validation (spec §3.2)
+// ------------------------------------------------------------------------------------------------
+struct Dims {
+  int64_t B, I, C;
+};
+
+void check_gru_weights(const at::Tensor& x, const at::Tensor& w_ru, const at::Tensor& w_c, const at::Tensor& b_ru,
+                       const at::Tensor& b_c, const Dims& d) {
+  TORCH_CHECK(w_ru.dim() == 2, "Rank of w_ru must be 2, got ", w_ru.dim());
+  TORCH_CHECK(w_ru.size(0) == d.I + d.C, "w_ru.dim_size(0) != input_size + cell_size: ", w_ru.size(0), " vs. ",
+              d.I + d.C);
+  TORCH_CHECK(w_ru.size(1) == d.C * 2, "w_ru.dim_size(1) != cell_size * 2: ", w_ru.size(1), " vs. ", d.C * 2);
+  TORCH_CHECK(w_c.dim() == 2, "Rank of w_c must be 2, got ", w_c.dim());
+  TORCH_CHECK(w_c.size(0) == d.I + d.C, "w_c.dim_size(0) != input_size + cell_size: ", w_c.size(0), " vs. ",
+              d.I + d.C);
+  TORCH_CHECK(w_c.size(1) == d.C, "w_c.dim_size(1) != cell_size: ", w_c.size(1), " vs. ", d.C);
+  TORCH_CHECK(b_ru.dim() == 1, "Rank of b_ru must be 1, got ", b_ru.dim());
+  TORCH_CHECK(b_ru.size(0) == d.C * 2, "b_ru.dim_size(0) != cell_size * 2: ", b_ru.size(0), " vs. ", d.C * 2);
+  TORCH_CHECK(b_c.dim() == 1, "Rank of b_c must be 1, got ", b_c.dim());
+  TORCH_CHECK(b_c.size(0) == d.C, "b_c.dim_size(0) != cell_size: ", b_c.size(0), " vs. ", d.C);
+  check_like(x, w_ru, "w_ru");
+  check_like(x, w_c, "w_c");
+  check_like(x, b_ru, "b_ru");
+  check_like(x, b_c, "b_c");
+}
+
+Dims check_gru_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
+                    const at::Tensor& b_ru, const at::Tensor& b_c) {
+  TORCH_CHECK(x.dim() == 2, "Rank of x must be 2, got ", x.dim());
+  TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
+  check_float(x, "x");
+  Dims d{x.size(0), x.size(1), h_prev.size(1)};
+  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
+  check_like(x, h_prev, "h_prev");
+  check_gru_weights(x, w_ru, w_c, b_ru, b_c, d);
+  return d;
+}
+
+void check_gru_state(const at::Tensor& x, const at::Tensor& t, const Dims& d, const char* name) {
+  TORCH_CHECK(t.dim() == 2, "Rank of ", name, " must be 2, got ", t.dim());
+  TORCH_CHECK(t.size(0) == d.B, name, ".dims(0) != batch_size: ", t.size(0), " vs. ", d.B);
+  TORCH_CHECK(t.size(1) == d.C, name, ".dims(1) != cell_size: ", t.size(1), " vs. ", d.C);
+  check_like(x, t, name);
+}
+
+Dims check_block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& h_prev,
+                     const at::Tensor& w_ru, const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c) {
+  TORCH_CHECK(seq_len_max.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", seq_len_max.dim());
+  TORCH_CHECK(x.dim() == 3, "x must be 3D, got rank ", x.dim());
+  TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
+  check_float(x, "x");
+  Dims d{x.size(1), x.size(2), h_prev.size(1)};
+  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
+  check_like(x, h_prev, "h_prev");
+  check_gru_weights(x, w_ru, w_c, b_ru, b_c, d);
+  return d;
+}
+
+// ------------------------------------------------------------------------------------------------
+// GRU orchestration
+// ------------------------------------------------------------------------------------------------
+
+// Forward of L steps. x3 [T,B,I], h_prev [B,C], weights contiguous; r,u,c,h [T,B,C] contiguous
+// outputs (steps >= L are zeroed by the caller). B, C > 0, L > 0.
+void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
+                      const at::Tensor& b_ru, const at::Tensor& b_c, int64_t L, const at::Tensor& r,
+                      const at::Tensor& u, const at::Tensor& c, const at::Tensor& h, const Kernels& k) {
+  const int64_t B = x3.size(1), I = x3.size(2), C = h_prev.size(1);
+  const auto opts = x3.options();
+  const at::Tensor wru_x = w_ru.narrow(0, 0, I), wru_h = w_ru.narrow(0, I, C);
+  const at::Tensor wc_x = w_c.narrow(0, 0, I), wc_h = w_c.narrow(0, I, C);
+  const int64_t chunk = projection_chunk(L, B);
+  at::Tensor pre_ru = at::empty({chunk, B, 2 * C}, opts);
+  at::Tensor pre_c = at::empty({chunk, B, C}, opts);
+  at::Tensor hr = at::empty({B, C}, opts);
+  for (int64_t t = 0; t < L; ++t) {
+    if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM each
+      const int64_t n = std::min(chunk, L - t);
+      const at::Tensor x2d = x3.narrow(0, t, n).view({n * B, I});
+      addmm_into(pre_ru.narrow(0, 0, n).view({n * B, 2 * C}), b_ru, x2d, wru_x);
+      addmm_into(pre_c.narrow(0, 0, n).view({n * B, C}), b_c, x2d, wc_x);
+    }
+    const at::Tensor hp = t == 0 ? h_prev : h.select(0, t - 1);
+    at::Tensor ru_t = pre_ru.select(0, t % chunk);
+    ru_t.addmm_(hp, wru_h);
+    const at::Tensor u_t = u.select(0, t);
+    k.gru_gates(ru_t, hp, r.select(0, t), u_t, hr);
+    at::Tensor c_t = pre_c.select(0, t % chunk);
+    c_t.addmm_(hr, wc_h);
+    k.gru_output(c_t, u_t, hp, c.select(0, t), h.select(0, t));
+  }
+}
+
+struct GruGrads {
+  at::Tensor x_grad, h_prev_grad, w_ru_grad, w_c_grad, b_ru_grad, b_c_grad;
+};
+
+// Backward of L steps (spec §3.3, §3.6, time recursion like §4.6). d_c_bar [L,B,C] and d_rbu
+// [L,B,2C] are caller-provided buffers (outputs of gru_block_cell_grad, workspaces otherwise).
+// h [T,B,C] is only read for t >= 1. Gradients arriving at r/u/c (g_*) are optional.
+void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                       const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
+                       const at::Tensor& h, const at::Tensor& h_grad, const at::Tensor& g_r, const at::Tensor& g_u,
+                       const at::Tensor& g_c, int64_t L, bool weight_grads, const at::Tensor& d_c_bar,
+                       const at::Tensor& d_rbu, GruGrads& out, const Kernels& k) {
+  const int64_t B = x3.size(1), I = x3.size(2), C = h_prev.size(1);
+  const auto opts = x3.options();
+  const at::Tensor wru_x = w_ru.narrow(0, 0, I), wru_h = w_ru.narrow(0, I, C);
+  const at::Tensor wc_x = w_c.narrow(0, 0, I), wc_h = w_c.narrow(0, I, C);
+  const bool any_gate = g_r.defined() || g_u.defined() || g_c.defined();
+  at::Tensor zero_bc;
+  if (!h_grad.defined() || (any_gate && !(g_r.defined() && g_u.defined() && g_c.defined())))
+    zero_bc = at::zeros({B, C}, opts);
+  auto step = [&](const at::Tensor& t3, int64_t t) { return t3.defined() ? t3.select(0, t) : zero_bc; };
+  auto gate = [&](const at::Tensor& t3, int64_t t) {
+    return !any_gate ? at::Tensor() : (t3.defined() ? t3.select(0, t) : zero_bc);
+  };
+  at::Tensor dh_carry = at::zeros({B, C}, opts);
+  at::Tensor dh = at::empty({B, C}, opts);
+  at::Tensor d_hr = at::empty({B, C}, opts);
+  at::Tensor hr_all = weight_grads ? at::empty({L, B, C}, opts) : at::Tensor();
+  for (int64_t t = L - 1; t >= 0; --t) {
+    const at::Tensor hp = t == 0 ? h_prev : h.select(0, t - 1);
+    const at::Tensor r_t = r.select(0, t), u_t = u.select(0, t);
+    const at::Tensor dcb_t = d_c_bar.select(0, t), drbu_t = d_rbu.select(0, t);
+    k.gru_backward_a(step(h_grad, t), dh_carry, gate(g_u, t), gate(g_c, t), u_t, c.select(0, t), hp, dh, dcb_t,
+                     drbu_t);
+    mm_into(d_hr, dcb_t, wc_h.t());
+    k.gru_backward_b(d_hr, gate(g_r, t), dh, r_t, u_t, hp, drbu_t, dh_carry,
+                     weight_grads ? hr_all.select(0, t) : at::Tensor());
+    dh_carry.addmm_(drbu_t, wru_h.t());
+  }
+  out.h_prev_grad = dh_carry;
+  const at::Tensor dcb2d = d_c_bar.view({L * B, C}), drbu2d = d_rbu.view({L * B, 2 * C});
+  const at::Tensor xg2d = out.x_grad.narrow(0, 0, L).view({L * B, I});
+  mm_into(xg2d, dcb2d, wc_x.t());
+  xg2d.addmm_(drbu2d, wru_x.t());
+  if (!weight_grads) return;
+  const at::Tensor x2d = x3.narrow(0, 0, L).view({L * B, I});
+  mm_into(out.w_ru_grad.narrow(0, 0, I), x2d.t(), drbu2d);
+  at::Tensor wru_h_grad = out.w_ru_grad.narrow(0, I, C);
+  mm_into(wru_h_grad, h_prev.t(), d_rbu.select(0, 0));
+  if (L > 1) {
+    wru_h_grad.addmm_(h.narrow(0, 0, L - 1).view({(L - 1) * B, C}).t(),
+                      d_rbu.narrow(0, 1, L - 1).view({(L - 1) * B, 2 * C}));
+  }
+  mm_into(out.w_c_grad.narrow(0, 0, I), x2d.t(), dcb2d);
+  mm_into(out.w_c_grad.narrow(0, I, C), hr_all.view({L * B, C}).t(), dcb2d);
+  out.b_ru_grad.copy_(sum_rows(drbu2d));
+  out.b_c_grad.copy_(sum_rows(dcb2d));
+}
+
+GruGrads alloc_gru_grads(const at::Tensor& x3, int64_t C, bool weight_grads) {
+  const auto opts = x3.options();
+  const int64_t I = x3.size(2), B = x3.size(1);
+  GruGrads g;
+  g.x_grad = at::empty(x3.sizes(), opts);
+  g.h_prev_grad = at::zeros({B, C}, opts);
+  if (weight_grads) {
+    g.w_ru_grad = at::empty({I + C, 2 * C}, opts);
+    g.w_c_grad = at::empty({I + C, C}, opts);
+    g.b_ru_grad = at::empty({2 * C}, opts);
+    g.b_c_grad = at::empty({C}, opts);
+  }
+  return g;
+}
+
+void zero_gru_grads(GruGrads& g, int64_t L) {
+  const int64_t T = g.x_grad.size(0);
+  g.x_grad.narrow(0, L, T - L).zero_();
+  if (L == 0 && g.w_ru_grad.defined()) {
+    g.w_ru_grad.zero_();
+    g.w_c_grad.zero_();
+    g.b_ru_grad.zero_();
+    g.b_c_grad.zero_();
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// LSTM validation
+// ------------------------------------------------------------------------------------------------
+void check_rank_cell(const at::Tensor& t, int64_t rank, const char* name) {
+  TORCH_CHECK(t.dim() == rank, name, "_tensor must be rank ", rank, " but is rank ", t.dim(), ".");
+}
+
+void check_peepholes(const at::Tensor& x, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                     int64_t C) {
+  TORCH_CHECK(wci.size(0) == C, "wci.dim_size(0) != cell_size: ", wci.size(0), " vs. ", C);
+  TORCH_CHECK(wcf.size(0) == C, "wcf.dim_size(0) != cell_size: ", wcf.size(0), " vs. ", C);
+  TORCH_CHECK(wco.size(0) == C, "wco.dim_size(0) != cell_size: ", wco.size(0), " vs. ", C);
+  check_like(x, wci, "wci");
+  check_like(x, wcf, "wcf");
+  check_like(x, wco, "wco");
+}
+
+Dims check_lstm_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev, const at::Tensor& w,
+                     const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b) {
+  check_rank_cell(x, 2, "x");
+  check_rank_cell(cs_prev, 2, "cs_prev");
+  check_rank_cell(h_prev, 2, "h_prev");
+  check_rank_cell(w, 2, "w");
+  check_rank_cell(wci, 1, "wci");
+  check_rank_cell(wcf, 1, "wcf");
+  check_rank_cell(wco, 1, "wco");
+  check_rank_cell(b, 1, "b");
+  check_float(x, "x");
+  Dims d{x.size(0), x.size(1), cs_prev.size(1)};
+  TORCH_CHECK(cs_prev.size(0) == d.B, "cs_prev.dims(0) != batch_size: ", cs_prev.size(0), " vs. ", d.B);
+  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
+  TORCH_CHECK(h_prev.size(1) == d.C, "h_prev.dims(1) != cell_size: ", h_prev.size(1), " vs. ", d.C);
+  TORCH_CHECK(w.size(0) == d.I + d.C, "w.dim_size(0) != input_size + cell_size: ", w.size(0), " vs. ", d.I + d.C);
+  TORCH_CHECK(w.size(1) == d.C * 4, "w.dim_size(1) != cell_size * 4: ", w.size(1), " vs. ", d.C * 4);
+  TORCH_CHECK(b.size(0) == d.C * 4, "b.dim_size(0) != cell_size * 4: ", b.size(0), " vs. ", d.C * 4);
+  check_peepholes(x, wci, wcf, wco, d.C);
+  TORCH_CHECK(d.B > 0 && d.C > 0, "cs_prev_tensor is empty, has shape: (", d.B, ",", d.C, ").");
+  check_like(x, cs_prev, "cs_prev");
+  check_like(x, h_prev, "h_prev");
+  check_like(x, w, "w");
+  check_like(x, b, "b");
+  return d;
+}
+
+void check_lstm_cell_state(const at::Tensor& x, const at::Tensor& t, const Dims& d, const char* name) {
+  check_rank_cell(t, 2, name);
+  TORCH_CHECK(t.size(0) == d.B, name, ".dim_size(0) != batch_size: ", t.size(0), " vs. ", d.B);
+  TORCH_CHECK(t.size(1) == d.C, name, ".dim_size(1) != cell_size: ", t.size(1), " vs. ", d.C);
+  check_like(x, t, name);
+}
+
+void check_lstm_cell_grad_in(const at::Tensor& x, const at::Tensor& t, const Dims& d, const char* name) {
+  check_rank_cell(t, 2, name);
+  TORCH_CHECK(t.size(0) == d.B, name, "_tensor.dims(0) != batch_size: ", t.size(0), " vs. ", d.B);
+  TORCH_CHECK(t.size(1) == d.C, name, "_tensor.dims(1) != cell_size: ", t.size(1), " vs. ", d.C);
+  check_like(x, t, name);
+}
+
+struct SeqDims {
+  int64_t T, B, I, C;
+};
+
+SeqDims check_block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
+                         const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                         const at::Tensor& wco, const at::Tensor& b) {
+  TORCH_CHECK(seq_len_max.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", seq_len_max.dim());
+  TORCH_CHECK(x.dim() == 3, "x must be 3D, got rank ", x.dim());
+  check_float(x, "x");
+  SeqDims d{x.size(0), x.size(1), x.size(2), 0};
+  TORCH_CHECK(cs_prev.dim() == 2, "cs_prev must be 2D, got rank ", cs_prev.dim());
+  d.C = cs_prev.size(1);
+  TORCH_CHECK(cs_prev.size(0) == d.B, "cs_prev.dims(0) != batch_size: ", cs_prev.size(0), " vs. ", d.B);
+  TORCH_CHECK(h_prev.dim() == 2, "h_prev must be 2D, got rank ", h_prev.dim());
+  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
+  TORCH_CHECK(h_prev.size(1) == d.C, "h_prev.dims(1) != cell_size: ", h_prev.size(1), " vs. ", d.C);
+  TORCH_CHECK(w.dim() == 2, "w must be 2D, got rank ", w.dim());
+  TORCH_CHECK(w.size(0) == d.I + d.C, "w.dim_size(0) != input_size + cell_size: ", w.size(0), " vs. ", d.I + d.C);
+  TORCH_CHECK(w.size(1) == d.C * 4, "w.dim_size(1) != cell_size * 4: ", w.size(1), " vs. ", d.C * 4);
+  TORCH_CHECK(wci.dim() == 1, "wci must be 1D, got rank ", wci.dim());
+  TORCH_CHECK(wcf.dim() == 1, "wcf must be 1D, got rank ", wcf.dim());
+  TORCH_CHECK(wco.dim() == 1, "wco must be 1D, got rank ", wco.dim());
+  check_peepholes(x, wci, wcf, wco, d.C);
+  TORCH_CHECK(b.dim() == 1, "b must be 1D, got rank ", b.dim());
+  TORCH_CHECK(b.size(0) == d.C * 4, "b.dim_size(0) != cell_size * 4: ", b.size(0), " vs. ", d.C * 4);
+  check_like(x, cs_prev, "cs_prev");
+  check_like(x, h_prev, "h_prev");
+  check_like(x, w, "w");
+  check_like(x, b, "b");
+  return d;
+}
+
+SeqDims check_block_lstm_grad(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
+                              const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
+                              const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
+                              const std::vector<std::pair<const at::Tensor*, const char*>>& seq) {
+  TORCH_CHECK(seq_len_max.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", seq_len_max.dim());
+  TORCH_CHECK(x.dim() == 3, "x must be rank 3 but is rank ", x.dim());
+  TORCH_CHECK(cs_prev.dim() == 2, "cs_prev must be rank 2 but is rank ", cs_prev.dim());
+  TORCH_CHECK(h_prev.dim() == 2, "h_prev must be rank 2 but is rank ", h_prev.dim());
+  TORCH_CHECK(w.dim() == 2, "w must be rank 2 but is rank ", w.dim());
+  check_float(x, "x");
+  SeqDims d{x.size(0), x.size(1), x.size(2), 0};
+  TORCH_CHECK(w.size(1) > 0 && w.size(1) % 4 == 0, "w matrix columns must be a positive multiple of 4, but got ",
+              w.size(1));
+  d.C = w.size(1) / 4;
+  TORCH_CHECK(w.size(0) == d.I + d.C, "w matrix rows don't match: ", d.I + d.C, " vs. ", w.size(0));
+  TORCH_CHECK(wci.dim() == 1, "wci must be rank 1 but is rank ", wci.dim());
+  TORCH_CHECK(wcf.dim() == 1, "wcf must be rank 1 but is rank ", wcf.dim());
+  TORCH_CHECK(wco.dim() == 1, "wco must be rank 1 but is rank ", wco.dim());
+  TORCH_CHECK(b.dim() == 1, "b must be rank 1 but is rank ", b.dim());
+  TORCH_CHECK(b.size(0) == 4 * d.C, "w and b cell_size don't match: ", d.C, " vs. ", b.size(0),
+              " / 4 (b must have 4 * cell_size elements)");
+  for (const auto& p : seq) {
+    TORCH_CHECK(p.first->dim() == 3, p.second, " must be rank 3. Received: ", p.first->dim());
+  }
+  check_shape(cs_prev, {d.B, d.C}, "cs_prev");
+  check_shape(h_prev, {d.B, d.C}, "h_prev");
+  check_shape(wci, {d.C}, "wci");
+  check_shape(wcf, {d.C}, "wcf");
+  check_shape(wco, {d.C}, "wco");
+  for (const auto& p : seq) check_shape(*p.first, {d.T, d.B, d.C}, p.second);
+  check_like(x, cs_prev, "cs_prev");
+  check_like(x, h_prev, "h_prev");
+  check_like(x, w, "w");
+  check_like(x, wci, "wci");
+  check_like(x, wcf, "wcf");
+  check_like(x, wco, "wco");
+  check_like(x, b, "b");
+  for (const auto& p : seq) check_like(x, *p.first, p.second);
+  return d;
+}
+
+// ------------------------------------------------------------------------------------------------
+// LSTM orchestration
+// ------------------------------------------------------------------------------------------------
+struct LstmOuts {
+  at::Tensor i, cs, f, o, ci, co, h;  // [T,B,C]
+};
+
+void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                       const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                       const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
+                       bool ifco, const LstmOuts& out, const Kernels& k) {
+  const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
+  const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
+  const int64_t chunk = projection_chunk(L, B);
+  at::Tensor pre = at::empty({chunk, B, 4 * C}, x3.options());
+  for (int64_t t = 0; t < L; ++t) {
+    if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM
+      const int64_t n = std::min(chunk, L - t);
+      addmm_into(pre.narrow(0, 0, n).view({n * B, 4 * C}), b, x3.narrow(0, t, n).view({n * B, I}), w_x);
+    }
+    const at::Tensor csp = t == 0 ? cs_prev : out.cs.select(0, t - 1);
+    const at::Tensor hp = t == 0 ? h_prev : out.h.select(0, t - 1);
+    at::Tensor g = pre.select(0, t % chunk);
+    g.addmm_(hp, w_h);
+    k.lstm_forward(g, csp, wci, wcf, wco, forget_bias, cell_clip, use_peephole, ifco, out.i.select(0, t),
+                   out.cs.select(0, t), out.f.select(0, t), out.o.select(0, t), out.ci.select(0, t),
+                   out.co.select(0, t), out.h.select(0, t));
+  }
+}
+
+struct LstmGrads {
+  at::Tensor x_grad, cs_prev_grad, h_prev_grad, w_grad, wci_grad, wcf_grad, wco_grad, b_grad;
+};
+
+LstmGrads alloc_lstm_grads(const at::Tensor& x3, int64_t C) {
+  const auto opts = x3.options();
+  const int64_t B = x3.size(1), I = x3.size(2);
+  LstmGrads g;
+  g.x_grad = at::empty(x3.sizes(), opts);
+  g.cs_prev_grad = at::zeros({B, C}, opts);
+  g.h_prev_grad = at::zeros({B, C}, opts);
+  g.w_grad = at::zeros({I + C, 4 * C}, opts);
+  g.wci_grad = at::zeros({C}, opts);
+  g.wcf_grad = at::zeros({C}, opts);
+  g.wco_grad = at::zeros({C}, opts);
+  g.b_grad = at::zeros({4 * C}, opts);
+  return g;
+}
+
+// Sum over (t, b) of a [n, B, C] product, in the op math type, as a [C] tensor of x's dtype.
+at::Tensor sum_tb(const at::Tensor& a, const at::Tensor& b) {
+  const auto st = a.scalar_type();
+  const bool low = st == at::kHalf || st == at::kBFloat16;
+  at::Tensor p = low ? a.to(at::kFloat).mul(b.to(at::kFloat)) : a.mul(b);
+  return at::sum(p.reshape({-1, p.size(-1)}), {0}).to(st);
+}
+
+// Backward of L steps (spec §4.6 with §4.7's gate-output gradients). `dgates` [L,B,4C] is a
+// caller-provided buffer. With input_grads = false only the cell part (LSTMBlockCellGrad) runs.
+void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                        const LstmOuts& fw, const at::Tensor& cs_grad, const at::Tensor& h_grad,
+                        const at::Tensor& g_i, const at::Tensor& g_f, const at::Tensor& g_o, const at::Tensor& g_ci,
+                        const at::Tensor& g_co, int64_t L, bool use_peephole, bool ifco, bool input_grads,
+                        const at::Tensor& dgates, LstmGrads& out, const Kernels& k) {
+  const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
+  const auto opts = x3.options();
+  const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
+  const bool any_gate = g_i.defined() || g_f.defined() || g_o.defined() || g_ci.defined() || g_co.defined();
+  const bool all_gate = g_i.defined() && g_f.defined() && g_o.defined() && g_ci.defined() && g_co.defined();
+  at::Tensor zero_bc;
+  if (!h_grad.defined() || !cs_grad.defined() || (any_gate && !all_gate)) zero_bc = at::zeros({B, C}, opts);
+  auto step = [&](const at::Tensor& t3, int64_t t) { return t3.defined() ? t3.select(0, t) : zero_bc; };
+  auto gate = [&](const at::Tensor& t3, int64_t t) {
+    return !any_gate ? at::Tensor() : (t3.defined() ? t3.select(0, t) : zero_bc);
+  };
+  at::Tensor dh_carry = at::zeros({B, C}, opts);
+  at::Tensor dcs_carry = out.cs_prev_grad;  // zeros, updated in place
+  for (int64_t t = L - 1; t >= 0; --t) {
+    const at::Tensor csp = t == 0 ? cs_prev : fw.cs.select(0, t - 1);
+    const at::Tensor dg_t = dgates.select(0, t);
+    k.lstm_backward(fw.i.select(0, t), fw.cs.select(0, t), fw.f.select(0, t), fw.o.select(0, t),
+                    fw.ci.select(0, t), fw.co.select(0, t), csp, wci, wcf, wco, step(h_grad, t), dh_carry,
+                    step(cs_grad, t), gate(g_i, t), gate(g_f, t), gate(g_o, t), gate(g_ci, t), gate(g_co, t),
+                    use_peephole, ifco, dg_t, dcs_carry);
+    if (input_grads) mm_into(dh_carry, dg_t, w_h.t());
+  }
+  if (use_peephole) {
+    const GateOffsets off = gate_offsets(ifco, C);
+    const at::Tensor di = dgates.narrow(2, off.i, C), df = dgates.narrow(2, off.f, C);
+    const at::Tensor dO = dgates.narrow(2, off.o, C);
+    at::Tensor wci_g = sum_tb(di.narrow(0, 0, 1), cs_prev.unsqueeze(0));
+    at::Tensor wcf_g = sum_tb(df.narrow(0, 0, 1), cs_prev.unsqueeze(0));
+    if (L > 1) {
+      const at::Tensor csl = fw.cs.narrow(0, 0, L - 1);
+      wci_g = wci_g.add(sum_tb(di.narrow(0, 1, L - 1), csl));
+      wcf_g = wcf_g.add(sum_tb(df.narrow(0, 1, L - 1), csl));
+    }
+    out.wci_grad.copy_(wci_g);
+    out.wcf_grad.copy_(wcf_g);
+    out.wco_grad.copy_(sum_tb(dO, fw.cs.narrow(0, 0, L)));
+  }
+  if (!input_grads) return;
+  out.h_prev_grad.copy_(dh_carry);
+  const at::Tensor dg2d = dgates.view({L * B, 4 * C});
+  mm_into(out.x_grad.narrow(0, 0, L).view({L * B, I}), dg2d, w_x.t());
+  const at::Tensor x2d = x3.narrow(0, 0, L).view({L * B, I});
+  mm_into(out.w_grad.narrow(0, 0, I), x2d.t(), dg2d);
+  at::Tensor wh_grad = out.w_grad.narrow(0, I, C);
+  mm_into(wh_grad, h_prev.t(), dgates.select(0, 0));
+  if (L > 1) {
+    wh_grad.addmm_(fw.h.narrow(0, 0, L - 1).view({(L - 1) * B, C}).t(),
+                   dgates.narrow(0, 1, L - 1).view({(L - 1) * B, 4 * C}));
+  }
+  out.b_grad.copy_(sum_rows(dg2d));
+}
+
+LstmOuts alloc_lstm_outs(int64_t T, int64_t B, int64_t C, const at::TensorOptions& opts) {
+  LstmOuts o;
+  o.i = at::empty({T, B, C}, opts);
+  o.cs = at::empty({T, B, C}, opts);
+  o.f = at::empty({T, B, C}, opts);
+  o.o = at::empty({T, B, C}, opts);
+  o.ci = at::empty({T, B, C}, opts);
+  o.co = at::empty({T, B, C}, opts);
+  o.h = at::empty({T, B, C}, opts);
+  return o;
+}
+
+LstmOuts lstm_outs_of(const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
+                      const at::Tensor& ci, const at::Tensor& co, const at::Tensor& h) {
+  return LstmOuts{i.contiguous(), cs.contiguous(), f.contiguous(), o.contiguous(),
+                  ci.contiguous(), co.contiguous(), h.defined() ? h.contiguous() : at::Tensor()};
+}
+
+}  // namespace
+
+// =================================================================================================
+// GRU ops
+// =================================================================================================
+T4 gru_block_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
+                  const at::Tensor& b_ru, const at::Tensor& b_c, const Kernels& k) {
+  const Dims d = check_gru_cell(x, h_prev, w_ru, w_c, b_ru, b_c);
+  const auto opts = x.options();
+  at::Tensor r = at::empty({d.B, d.C}, opts), u = at::empty({d.B, d.C}, opts);
+  at::Tensor c = at::empty({d.B, d.C}, opts), h = at::empty({d.B, d.C}, opts);
+  if (d.B > 0 && d.C > 0) {
+    gru_forward_core(x.contiguous().unsqueeze(0), h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(),
+                     b_ru.contiguous(), b_c.contiguous(), 1, r.unsqueeze(0), u.unsqueeze(0), c.unsqueeze(0),
+                     h.unsqueeze(0), k);
+  }
+  return {r, u, c, h};
+}
+
+T4 gru_block_cell_grad(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
+                       const at::Tensor& b_ru, const at::Tensor& b_c, const at::Tensor& r, const at::Tensor& u,
+                       const at::Tensor& c, const at::Tensor& d_h, const Kernels& k) {
+  const Dims d = check_gru_cell(x, h_prev, w_ru, w_c, b_ru, b_c);
+  check_gru_state(x, r, d, "r");
+  check_gru_state(x, u, d, "u");
+  check_gru_state(x, c, d, "c");
+  check_gru_state(x, d_h, d, "d_h");
+  const auto opts = x.options();
+  at::Tensor d_c_bar = at::empty({d.B, d.C}, opts), d_rbu = at::empty({d.B, 2 * d.C}, opts);
+  const at::Tensor x3 = x.contiguous().unsqueeze(0);
+  GruGrads g = alloc_gru_grads(x3, d.C, false);
+  if (d.B > 0 && d.C > 0) {
+    gru_backward_core(x3, h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), r.contiguous().unsqueeze(0),
+                      u.contiguous().unsqueeze(0), c.contiguous().unsqueeze(0), at::Tensor(),
+                      d_h.contiguous().unsqueeze(0), at::Tensor(), at::Tensor(), at::Tensor(), 1, false,
+                      d_c_bar.unsqueeze(0), d_rbu.unsqueeze(0), g, k);
+  } else {
+    g.x_grad.zero_();
+  }
+  return {g.x_grad.squeeze(0), g.h_prev_grad, d_c_bar, d_rbu};
+}
+
+T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                           const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
+                           const OptT& d_r, const OptT& d_u, const OptT& d_c, const OptT& d_h, const Kernels& k) {
+  TORCH_CHECK(x.dim() == 2, "Rank of x must be 2, got ", x.dim());
+  TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
+  check_float(x, "x");
+  const Dims d{x.size(0), x.size(1), h_prev.size(1)};
+  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
+  check_like(x, h_prev, "h_prev");
+  // Biases are not needed; validate the weights with dummy-free checks.
+  TORCH_CHECK(w_ru.dim() == 2 && w_ru.size(0) == d.I + d.C && w_ru.size(1) == 2 * d.C, "w_ru must have shape [",
+              d.I + d.C, ", ", 2 * d.C, "], got ", w_ru.sizes());
+  TORCH_CHECK(w_c.dim() == 2 && w_c.size(0) == d.I + d.C && w_c.size(1) == d.C, "w_c must have shape [",
+              d.I + d.C, ", ", d.C, "], got ", w_c.sizes());
+  check_like(x, w_ru, "w_ru");
+  check_like(x, w_c, "w_c");
+  check_gru_state(x, r, d, "r");
+  check_gru_state(x, u, d, "u");
+  check_gru_state(x, c, d, "c");
+  check_opt(d_r, x, {d.B, d.C}, "d_r");
+  check_opt(d_u, x, {d.B, d.C}, "d_u");
+  check_opt(d_c, x, {d.B, d.C}, "d_c");
+  check_opt(d_h, x, {d.B, d.C}, "d_h");
+  const at::Tensor x3 = x.contiguous().unsqueeze(0);
+  GruGrads g = alloc_gru_grads(x3, d.C, true);
+  if (d.B > 0 && d.C > 0) {
+    const auto opts = x.options();
+    at::Tensor d_c_bar = at::empty({1, d.B, d.C}, opts), d_rbu = at::empty({1, d.B, 2 * d.C}, opts);
+    auto u3 = [](const OptT& t) {
+      at::Tensor c = opt_contig(t);
+      return c.defined() ? c.unsqueeze(0) : c;
+    };
+    gru_backward_core(x3, h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), r.contiguous().unsqueeze(0),
+                      u.contiguous().unsqueeze(0), c.contiguous().unsqueeze(0), at::Tensor(), u3(d_h), u3(d_r),
+                      u3(d_u), u3(d_c), 1, true, d_c_bar, d_rbu, g, k);
+  } else {
+    zero_gru_grads(g, 0);
+  }
+  return {g.x_grad.squeeze(0), g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad, g.b_c_grad};
+}
+
+T4 block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+             const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c, const Kernels& k) {
+  const Dims d = check_block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c);
+  const int64_t T = x.size(0);
+  const int64_t L = read_seq_len_max(seq_len_max, T);
+  const auto opts = x.options();
+  at::Tensor r = at::empty({T, d.B, d.C}, opts), u = at::empty({T, d.B, d.C}, opts);
+  at::Tensor c = at::empty({T, d.B, d.C}, opts), h = at::empty({T, d.B, d.C}, opts);
+  if (L > 0 && d.B > 0 && d.C > 0) {
+    gru_forward_core(x.contiguous(), h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), b_ru.contiguous(),
+                     b_c.contiguous(), L, r, u, c, h, k);
+  }
+  for (auto* t : {&r, &u, &c, &h}) t->narrow(0, L, T - L).zero_();
+  return {r, u, c, h};
+}
+
+T6 block_gru_grad(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& h_prev,
+                  const at::Tensor& w_ru, const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c,
+                  const at::Tensor& r, const at::Tensor& u, const at::Tensor& c, const at::Tensor& h,
+                  const at::Tensor& h_grad, const OptT& r_grad, const OptT& u_grad, const OptT& c_grad,
+                  const Kernels& k) {
+  const Dims d = check_block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c);
+  const int64_t T = x.size(0);
+  const std::vector<std::pair<const at::Tensor*, const char*>> seq = {
+      {&r, "r"}, {&u, "u"}, {&c, "c"}, {&h, "h"}, {&h_grad, "h_grad"}};
+  for (const auto& p : seq) {
+    check_like(x, *p.first, p.second);
+    check_shape(*p.first, {T, d.B, d.C}, p.second);
+  }
+  check_opt(r_grad, x, {T, d.B, d.C}, "r_grad");
+  check_opt(u_grad, x, {T, d.B, d.C}, "u_grad");
+  check_opt(c_grad, x, {T, d.B, d.C}, "c_grad");
+  const int64_t L = read_seq_len_max(seq_len_max, T);
+  const at::Tensor x3 = x.contiguous();
+  GruGrads g = alloc_gru_grads(x3, d.C, true);
+  if (L > 0 && d.B > 0 && d.C > 0) {
+    const auto opts = x.options();
+    at::Tensor d_c_bar = at::empty({L, d.B, d.C}, opts), d_rbu = at::empty({L, d.B, 2 * d.C}, opts);
+    gru_backward_core(x3, h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), r.contiguous(), u.contiguous(),
+                      c.contiguous(), h.contiguous(), h_grad.contiguous(), opt_contig(r_grad), opt_contig(u_grad),
+                      opt_contig(c_grad), L, true, d_c_bar, d_rbu, g, k);
+    zero_gru_grads(g, L);
+  } else {
+    zero_gru_grads(g, 0);
+    g.x_grad.zero_();
+  }
+  return {g.x_grad, g.h_prev_grad, g.w_ru_grad, g.w_c_grad, g.b_ru_grad, g.b_c_grad};
+}
+
+// =================================================================================================
+// LSTM ops
+// =================================================================================================
+T7 lstm_block_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev, const at::Tensor& w,
+                   const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
+                   double forget_bias, double cell_clip, bool use_peephole, const Kernels& k) {
+  const Dims d = check_lstm_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b);
+  LstmOuts o = alloc_lstm_outs(1, d.B, d.C, x.options());
+  lstm_forward_core(x.contiguous().unsqueeze(0), cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(),
+                    wci.contiguous(), wcf.contiguous(), wco.contiguous(), b.contiguous(), 1, forget_bias, cell_clip,
+                    use_peephole, /*ifco=*/false, o, k);
+  return {o.i.squeeze(0), o.cs.squeeze(0), o.f.squeeze(0), o.o.squeeze(0), o.ci.squeeze(0), o.co.squeeze(0),
+          o.h.squeeze(0)};
+}
+
+namespace {
+Dims check_lstm_cell_grad(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                          const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                          const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                          const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co) {
+  const Dims d = check_lstm_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b);
+  check_lstm_cell_state(x, i, d, "i");
+  check_lstm_cell_state(x, cs, d, "cs");
+  check_lstm_cell_state(x, f, d, "f");
+  check_lstm_cell_state(x, o, d, "o");
+  check_lstm_cell_state(x, ci, d, "ci");
+  check_lstm_cell_state(x, co, d, "co");
+  return d;
+}
+
+at::Tensor u3(const at::Tensor& t) { return t.defined() ? t.contiguous().unsqueeze(0) : t; }
+at::Tensor u3(const OptT& t) { return u3(opt_contig(t)); }
+}  // namespace
+
+T5 lstm_block_cell_grad(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                        const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                        const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co, const at::Tensor& cs_grad,
+                        const at::Tensor& h_grad, bool use_peephole, const Kernels& k) {
+  const Dims d = check_lstm_cell_grad(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co);
+  check_lstm_cell_grad_in(x, cs_grad, d, "cs_grad");
+  check_lstm_cell_grad_in(x, h_grad, d, "h_grad");
+  const at::Tensor x3 = x.contiguous().unsqueeze(0);
+  LstmGrads g = alloc_lstm_grads(x3, d.C);
+  at::Tensor dicfo = at::empty({d.B, 4 * d.C}, x.options());
+  const LstmOuts fw{u3(i), u3(cs), u3(f), u3(o), u3(ci), u3(co), at::Tensor()};
+  lstm_backward_core(x3, cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
+                     wcf.contiguous(), wco.contiguous(), fw, u3(cs_grad), u3(h_grad), at::Tensor(), at::Tensor(),
+                     at::Tensor(), at::Tensor(), at::Tensor(), 1, use_peephole, false, /*input_grads=*/false,
+                     dicfo.unsqueeze(0), g, k);
+  return {g.cs_prev_grad, dicfo, g.wci_grad, g.wcf_grad, g.wco_grad};
+}
+
+T8 lstm_block_cell_backward(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                            const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                            const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                            const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co, const OptT& cs_grad,
+                            const OptT& h_grad, const OptT& i_grad, const OptT& f_grad, const OptT& o_grad,
+                            const OptT& ci_grad, const OptT& co_grad, bool use_peephole, const Kernels& k) {
+  const Dims d = check_lstm_cell_grad(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co);
+  const std::vector<std::pair<const OptT*, const char*>> opt = {{&cs_grad, "cs_grad"}, {&h_grad, "h_grad"},
+                                                                {&i_grad, "i_grad"},   {&f_grad, "f_grad"},
+                                                                {&o_grad, "o_grad"},   {&ci_grad, "ci_grad"},
+                                                                {&co_grad, "co_grad"}};
+  for (const auto& p : opt) check_opt(*p.first, x, {d.B, d.C}, p.second);
+  const at::Tensor x3 = x.contiguous().unsqueeze(0);
+  LstmGrads g = alloc_lstm_grads(x3, d.C);
+  at::Tensor dicfo = at::empty({1, d.B, 4 * d.C}, x.options());
+  const LstmOuts fw{u3(i), u3(cs), u3(f), u3(o), u3(ci), u3(co), at::Tensor()};
+  lstm_backward_core(x3, cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
+                     wcf.contiguous(), wco.contiguous(), fw, u3(cs_grad), u3(h_grad), u3(i_grad), u3(f_grad),
+                     u3(o_grad), u3(ci_grad), u3(co_grad), 1, use_peephole, false, /*input_grads=*/true, dicfo, g,
+                     k);
+  return {g.x_grad.squeeze(0), g.cs_prev_grad, g.h_prev_grad, g.w_grad, g.wci_grad, g.wcf_grad, g.wco_grad,
+          g.b_grad};
+}
+
+T7 block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
+              const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+              const at::Tensor& wco, const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole,
+              bool ifco, const Kernels& k) {
+  const SeqDims d = check_block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b);
+  const int64_t L = read_seq_len_max(seq_len_max, d.T);
+  LstmOuts o = alloc_lstm_outs(d.T, d.B, d.C, x.options());
+  if (L > 0 && d.B > 0 && d.C > 0) {
+    lstm_forward_core(x.contiguous(), cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
+                      wcf.contiguous(), wco.contiguous(), b.contiguous(), L, forget_bias, cell_clip, use_peephole,
+                      ifco, o, k);
+  }
+  for (auto* t : {&o.i, &o.cs, &o.f, &o.o, &o.ci, &o.co, &o.h}) t->narrow(0, L, d.T - L).zero_();
+  return {o.i, o.cs, o.f, o.o, o.ci, o.co, o.h};
+}
+
+T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
+                       const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                       const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs,
+                       const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
+                       const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
+                       const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
+                       bool use_peephole, bool ifco, const Kernels& k) {
+  std::vector<std::pair<const at::Tensor*, const char*>> seq = {{&i, "i"},   {&cs, "cs"}, {&f, "f"}, {&o, "o"},
+                                                                {&ci, "ci"}, {&co, "co"}, {&h, "h"}};
+  const std::vector<std::pair<const OptT*, const char*>> opt = {{&cs_grad, "cs_grad"}, {&h_grad, "h_grad"},
+                                                                {&i_grad, "i_grad"},   {&f_grad, "f_grad"},
+                                                                {&o_grad, "o_grad"},   {&ci_grad, "ci_grad"},
+                                                                {&co_grad, "co_grad"}};
+  for (const auto& p : opt)
+    if (p.first->has_value() && (*p.first)->defined()) seq.emplace_back(&**p.first, p.second);
+  const SeqDims d = check_block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, seq);
+  const int64_t L = read_seq_len_max(seq_len_max, d.T);
+  const at::Tensor x3 = x.contiguous();
+  LstmGrads g = alloc_lstm_grads(x3, d.C);
+  if (L > 0 && d.B > 0 && d.C > 0) {
+    at::Tensor dgates = at::empty({L, d.B, 4 * d.C}, x.options());
+    const LstmOuts fw = lstm_outs_of(i, cs, f, o, ci, co, h);
+    lstm_backward_core(x3, cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
+                       wcf.contiguous(), wco.contiguous(), fw, opt_contig(cs_grad), opt_contig(h_grad),
+                       opt_contig(i_grad), opt_contig(f_grad), opt_contig(o_grad), opt_contig(ci_grad),
+                       opt_contig(co_grad), L, use_peephole, ifco, /*input_grads=*/true, dgates, g, k);
+  }
+  g.x_grad.narrow(0, L, d.T - L).zero_();
+  if (L == 0 || d.B == 0) g.x_grad.zero_();
+  return {g.x_grad, g.cs_prev_grad, g.h_prev_grad, g.w_grad, g.wci_grad, g.wcf_grad, g.wco_grad, g.b_grad};
+}
+
+}  // namespace brnn
+}  // namespace torchops
+
+TORCH_LIBRARY_FRAGMENT(torchops, m) {
+  // ---- GRU (TF GRUBlockCell / GRUBlockCellGrad) ----
+  m.def(
+      "gru_block_cell(Tensor x, Tensor h_prev, Tensor w_ru, Tensor w_c, Tensor b_ru, Tensor b_c) "
+      "-> (Tensor r, Tensor u, Tensor c, Tensor h)");
+  m.def(
+      "gru_block_cell_grad(Tensor x, Tensor h_prev, Tensor w_ru, Tensor w_c, Tensor b_ru, Tensor b_c, Tensor r, "
+      "Tensor u, Tensor c, Tensor d_h) -> (Tensor d_x, Tensor d_h_prev, Tensor d_c_bar, Tensor d_r_bar_u_bar)");
+  // Internal: the autograd backward of gru_block_cell (spec §3.6): gradients arriving at all four
+  // outputs (each optional), all six input gradients.
+  m.def(
+      "_gru_block_cell_backward(Tensor x, Tensor h_prev, Tensor w_ru, Tensor w_c, Tensor r, Tensor u, Tensor c, "
+      "Tensor? d_r, Tensor? d_u, Tensor? d_c, Tensor? d_h) "
+      "-> (Tensor d_x, Tensor d_h_prev, Tensor d_w_ru, Tensor d_w_c, Tensor d_b_ru, Tensor d_b_c)");
+  // ---- BlockGRU (torchops): the GRUBlockCell recurrence over [T, B, I] ----
+  m.def(
+      "block_gru(Tensor seq_len_max, Tensor x, Tensor h_prev, Tensor w_ru, Tensor w_c, Tensor b_ru, Tensor b_c) "
+      "-> (Tensor r, Tensor u, Tensor c, Tensor h)");
+  m.def(
+      "block_gru_grad(Tensor seq_len_max, Tensor x, Tensor h_prev, Tensor w_ru, Tensor w_c, Tensor b_ru, "
+      "Tensor b_c, Tensor r, Tensor u, Tensor c, Tensor h, Tensor h_grad, Tensor? r_grad=None, "
+      "Tensor? u_grad=None, Tensor? c_grad=None) "
+      "-> (Tensor x_grad, Tensor h_prev_grad, Tensor w_ru_grad, Tensor w_c_grad, Tensor b_ru_grad, "
+      "Tensor b_c_grad)");
+  // ---- LSTM (TF LSTMBlockCell / LSTMBlockCellGrad, BlockLSTM(V2) / BlockLSTMGrad(V2)) ----
+  m.def(
+      "lstm_block_cell(Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, Tensor wcf, Tensor wco, "
+      "Tensor b, float forget_bias=1.0, float cell_clip=3.0, bool use_peephole=False) "
+      "-> (Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor h)");
+  m.def(
+      "lstm_block_cell_grad(Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, Tensor wcf, "
+      "Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor cs_grad, "
+      "Tensor h_grad, bool use_peephole) "
+      "-> (Tensor cs_prev_grad, Tensor dicfo, Tensor wci_grad, Tensor wcf_grad, Tensor wco_grad)");
+  // Internal: autograd backward of lstm_block_cell with gradients at all seven outputs (spec §4.7).
+  m.def(
+      "_lstm_block_cell_backward(Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, Tensor wcf, "
+      "Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor? cs_grad, "
+      "Tensor? h_grad, Tensor? i_grad, Tensor? f_grad, Tensor? o_grad, Tensor? ci_grad, Tensor? co_grad, "
+      "bool use_peephole) "
+      "-> (Tensor x_grad, Tensor cs_prev_grad, Tensor h_prev_grad, Tensor w_grad, Tensor wci_grad, "
+      "Tensor wcf_grad, Tensor wco_grad, Tensor b_grad)");
+  m.def(
+      "block_lstm(Tensor seq_len_max, Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, Tensor wcf, "
+      "Tensor wco, Tensor b, float forget_bias=1.0, float cell_clip=3.0, bool use_peephole=False) "
+      "-> (Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor h)");
+  m.def(
+      "block_lstm_v2(Tensor seq_len_max, Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, "
+      "Tensor wcf, Tensor wco, Tensor b, float cell_clip=0.0, bool use_peephole=False) "
+      "-> (Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor h)");
+  m.def(
+      "block_lstm_grad(Tensor seq_len_max, Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, "
+      "Tensor wcf, Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor h, "
+      "Tensor cs_grad, Tensor h_grad, bool use_peephole) "
+      "-> (Tensor x_grad, Tensor cs_prev_grad, Tensor h_prev_grad, Tensor w_grad, Tensor wci_grad, "
+      "Tensor wcf_grad, Tensor wco_grad, Tensor b_grad)");
+  m.def(
+      "block_lstm_grad_v2(Tensor seq_len_max, Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, "
+      "Tensor wcf, Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor h, "
+      "Tensor cs_grad, Tensor h_grad, bool use_peephole) "
+      "-> (Tensor x_grad, Tensor cs_prev_grad, Tensor h_prev_grad, Tensor w_grad, Tensor wci_grad, "
+      "Tensor wcf_grad, Tensor wco_grad, Tensor b_grad)");
+  // Internal: autograd backward of block_lstm(_v2) with gradients at all seven outputs (spec §4.7).
+  m.def(
+      "_block_lstm_backward(Tensor seq_len_max, Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, "
+      "Tensor wcf, Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor h, "
+      "Tensor? cs_grad, Tensor? h_grad, Tensor? i_grad, Tensor? f_grad, Tensor? o_grad, Tensor? ci_grad, "
+      "Tensor? co_grad, bool use_peephole, bool ifco) "
+      "-> (Tensor x_grad, Tensor cs_prev_grad, Tensor h_prev_grad, Tensor w_grad, Tensor wci_grad, "
+      "Tensor wcf_grad, Tensor wco_grad, Tensor b_grad)");
+}

@@ -1,0 +1,215 @@
+// GRU / LSTM block ops: GRUBlockCell(Grad), LSTMBlockCell(Grad), BlockLSTM(V2) and their grads, and
+// BlockGRU (torchops). Validation and the device-independent orchestration (GEMMs through ATen, the
+// time loop, workspaces) live in csrc/block_rnn.cpp; each backend provides the per-step fused
+// elementwise kernels below (csrc/cpu/block_rnn_kernel.cpp, csrc/cuda/block_rnn_kernel.cu), all of
+// which share the scalar math of csrc/common/block_rnn_math.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <tuple>
+
+namespace torchops {
+namespace brnn {
+
+// Per-device fused elementwise kernels of one time step. Every tensor argument is a contiguous
+// [B, n] matrix of the storage dtype (n = C, 2C or 4C as noted); `optional` ones may be undefined
+// (= zeros). Rows are B = size(0) > 0 and C > 0 whenever they are called.
+struct Kernels {
+  // ru_bar [B,2C] -> r, u, hr = h_prev * r.
+  void (*gru_gates)(const at::Tensor& ru_bar, const at::Tensor& h_prev, const at::Tensor& r, const at::Tensor& u,
+                    const at::Tensor& hr);
+  // c_bar [B,C] -> c = tanh(c_bar), h = u * (h_prev - c) + c.
+  void (*gru_output)(const at::Tensor& c_bar, const at::Tensor& u, const at::Tensor& h_prev, const at::Tensor& c,
+                     const at::Tensor& h);
+  // dh = h_grad (optional) + dh_carry (optional) -> dh_out; d_c_bar; d_rbu[:, C:] = d_u_bar.
+  // g_u, g_c optional.
+  void (*gru_backward_a)(const at::Tensor& h_grad, const at::Tensor& dh_carry, const at::Tensor& g_u,
+                         const at::Tensor& g_c, const at::Tensor& u, const at::Tensor& c, const at::Tensor& h_prev,
+                         const at::Tensor& dh_out, const at::Tensor& d_c_bar, const at::Tensor& d_rbu);
+  // d_hr [B,C] -> d_rbu[:, :C] = d_r_bar, dh_part = d_hr * r + dh * u, hr (optional) = h_prev * r.
+  void (*gru_backward_b)(const at::Tensor& d_hr, const at::Tensor& g_r, const at::Tensor& dh, const at::Tensor& r,
+                         const at::Tensor& u, const at::Tensor& h_prev, const at::Tensor& d_rbu,
+                         const at::Tensor& dh_part, const at::Tensor& hr);
+  // gates [B,4C] (layout per ifco) -> i, cs, f, o, ci, co, h.
+  void (*lstm_forward)(const at::Tensor& gates, const at::Tensor& cs_prev, const at::Tensor& wci,
+                       const at::Tensor& wcf, const at::Tensor& wco, double forget_bias, double cell_clip,
+                       bool use_peephole, bool ifco, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                       const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co, const at::Tensor& h);
+  // One step of the LSTM backward. dh = h_grad + dh_carry, dcs = cs_grad + dcs_carry (each optional);
+  // writes dgates [B,4C] (layout per ifco) and overwrites dcs_carry with cs_prev_grad.
+  void (*lstm_backward)(const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
+                        const at::Tensor& ci, const at::Tensor& co, const at::Tensor& cs_prev,
+                        const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                        const at::Tensor& h_grad, const at::Tensor& dh_carry, const at::Tensor& cs_grad,
+                        const at::Tensor& g_i, const at::Tensor& g_f, const at::Tensor& g_o, const at::Tensor& g_ci,
+                        const at::Tensor& g_co, bool use_peephole, bool ifco, const at::Tensor& dgates,
+                        const at::Tensor& dcs_carry);
+};
+
+using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using T5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using T6 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using T7 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using T8 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using OptT = c10::optional<at::Tensor>;
+
+// ---- GRU ----
+T4 gru_block_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
+                  const at::Tensor& b_ru, const at::Tensor& b_c, const Kernels& k);
+T4 gru_block_cell_grad(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
+                       const at::Tensor& b_ru, const at::Tensor& b_c, const at::Tensor& r, const at::Tensor& u,
+                       const at::Tensor& c, const at::Tensor& d_h, const Kernels& k);
+T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                           const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
+                           const OptT& d_r, const OptT& d_u, const OptT& d_c, const OptT& d_h, const Kernels& k);
+T4 block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+             const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c, const Kernels& k);
+T6 block_gru_grad(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& h_prev,
+                  const at::Tensor& w_ru, const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c,
+                  const at::Tensor& r, const at::Tensor& u, const at::Tensor& c, const at::Tensor& h,
+                  const at::Tensor& h_grad, const OptT& r_grad, const OptT& u_grad, const OptT& c_grad,
+                  const Kernels& k);
+
+// ---- LSTM ----
+T7 lstm_block_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev, const at::Tensor& w,
+                   const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
+                   double forget_bias, double cell_clip, bool use_peephole, const Kernels& k);
+T5 lstm_block_cell_grad(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                        const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                        const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co, const at::Tensor& cs_grad,
+                        const at::Tensor& h_grad, bool use_peephole, const Kernels& k);
+T8 lstm_block_cell_backward(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                            const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                            const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                            const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co, const OptT& cs_grad,
+                            const OptT& h_grad, const OptT& i_grad, const OptT& f_grad, const OptT& o_grad,
+                            const OptT& ci_grad, const OptT& co_grad, bool use_peephole, const Kernels& k);
+T7 block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
+              const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+              const at::Tensor& wco, const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole,
+              bool ifco, const Kernels& k);
+// The sequence backward (BlockLSTMGrad(V2) when the gate gradients are absent).
+T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
+                       const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                       const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i, const at::Tensor& cs,
+                       const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
+                       const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
+                       const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
+                       bool use_peephole, bool ifco, const Kernels& k);
+
+// The op entry points of one backend (its Kernels table K), and their registration; each backend file
+// calls register_impls<its table>(m) in its TORCH_LIBRARY_IMPL block.
+template <const Kernels& K>
+struct Impls {
+  static T4 gru_block_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                           const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c) {
+    return ::torchops::brnn::gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c, K);
+  }
+  static T4 gru_block_cell_grad(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                                const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c,
+                                const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
+                                const at::Tensor& d_h) {
+    return ::torchops::brnn::gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h, K);
+  }
+  static T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                                    const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u,
+                                    const at::Tensor& c, const OptT& d_r, const OptT& d_u, const OptT& d_c,
+                                    const OptT& d_h) {
+    return ::torchops::brnn::gru_block_cell_backward(x, h_prev, w_ru, w_c, r, u, c, d_r, d_u, d_c, d_h, K);
+  }
+  static T4 block_gru(const at::Tensor& s, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                      const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c) {
+    return ::torchops::brnn::block_gru(s, x, h_prev, w_ru, w_c, b_ru, b_c, K);
+  }
+  static T6 block_gru_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                           const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c, const at::Tensor& r,
+                           const at::Tensor& u, const at::Tensor& c, const at::Tensor& h, const at::Tensor& h_grad,
+                           const OptT& r_grad, const OptT& u_grad, const OptT& c_grad) {
+    return ::torchops::brnn::block_gru_grad(s, x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, h, h_grad, r_grad, u_grad,
+                                            c_grad, K);
+  }
+  static T7 lstm_block_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                            const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                            const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole) {
+    return ::torchops::brnn::lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                                             use_peephole, K);
+  }
+  static T5 lstm_block_cell_grad(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                                 const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                                 const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
+                                 const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci,
+                                 const at::Tensor& co, const at::Tensor& cs_grad, const at::Tensor& h_grad,
+                                 bool use_peephole) {
+    return ::torchops::brnn::lstm_block_cell_grad(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
+                                                  cs_grad, h_grad, use_peephole, K);
+  }
+  static T8 lstm_block_cell_backward(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                                     const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                                     const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
+                                     const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
+                                     const at::Tensor& ci, const at::Tensor& co, const OptT& cs_grad,
+                                     const OptT& h_grad, const OptT& i_grad, const OptT& f_grad, const OptT& o_grad,
+                                     const OptT& ci_grad, const OptT& co_grad, bool use_peephole) {
+    return ::torchops::brnn::lstm_block_cell_backward(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co,
+                                                      cs_grad, h_grad, i_grad, f_grad, o_grad, ci_grad, co_grad,
+                                                      use_peephole, K);
+  }
+  static T7 block_lstm(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                       const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                       const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole) {
+    return ::torchops::brnn::block_lstm(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
+                                        use_peephole, false, K);
+  }
+  static T7 block_lstm_v2(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                          const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
+                          const at::Tensor& wco, const at::Tensor& b, double cell_clip, bool use_peephole) {
+    return ::torchops::brnn::block_lstm(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, 0.0, cell_clip, use_peephole,
+                                        true, K);
+  }
+  template <bool IFCO>
+  static T8 block_lstm_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                            const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
+                            const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
+                            const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci,
+                            const at::Tensor& co, const at::Tensor& h, const at::Tensor& cs_grad,
+                            const at::Tensor& h_grad, bool use_peephole) {
+    return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                                                 cs_grad, h_grad, OptT(), OptT(), OptT(), OptT(), OptT(),
+                                                 use_peephole, IFCO, K);
+  }
+  static T8 block_lstm_backward_op(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                                   const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
+                                   const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
+                                   const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
+                                   const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
+                                   const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
+                                   const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
+                                   bool use_peephole, bool ifco) {
+    return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
+                                                 cs_grad, h_grad, i_grad, f_grad, o_grad, ci_grad, co_grad,
+                                                 use_peephole, ifco, K);
+  }
+};
+
+template <const Kernels& K>
+void register_impls(torch::Library& m) {
+  m.impl("gru_block_cell", &Impls<K>::gru_block_cell);
+  m.impl("gru_block_cell_grad", &Impls<K>::gru_block_cell_grad);
+  m.impl("_gru_block_cell_backward", &Impls<K>::gru_block_cell_backward);
+  m.impl("block_gru", &Impls<K>::block_gru);
+  m.impl("block_gru_grad", &Impls<K>::block_gru_grad);
+  m.impl("lstm_block_cell", &Impls<K>::lstm_block_cell);
+  m.impl("lstm_block_cell_grad", &Impls<K>::lstm_block_cell_grad);
+  m.impl("_lstm_block_cell_backward", &Impls<K>::lstm_block_cell_backward);
+  m.impl("block_lstm", &Impls<K>::block_lstm);
+  m.impl("block_lstm_v2", &Impls<K>::block_lstm_v2);
+  m.impl("block_lstm_grad", &Impls<K>::template block_lstm_grad<false>);
+  m.impl("block_lstm_grad_v2", &Impls<K>::template block_lstm_grad<true>);
+  m.impl("_block_lstm_backward", &Impls<K>::block_lstm_backward_op);
+}
+
+}  // namespace brnn
+}  // namespace torchops

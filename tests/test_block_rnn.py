@@ -1,0 +1,936 @@
+import torchops  # noqa: F401  (loads the ops)
+
+import numpy as np
+import pytest
+import torch
+
+ops = torch.ops.torchops
+F64 = torch.float64
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available")
+
+
+def rnd(*shape, dtype=F64, scale=1.0, gen=None, requires_grad=False):
+    t = (torch.rand(*shape, dtype=F64, generator=gen) * 2 - 1) * scale
+    return t.to(dtype).requires_grad_(requires_grad)
+
+
+# ================================================================================================
+# Plain-PyTorch references (float64), written from the spec's equations.
+# ================================================================================================
+def ref_gru_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
+    C = h_prev.shape[1]
+    ru = torch.sigmoid(torch.cat([x, h_prev], 1) @ w_ru + b_ru)
+    r, u = ru[:, :C], ru[:, C:]
+    c = torch.tanh(torch.cat([x, h_prev * r], 1) @ w_c + b_c)
+    h = u * (h_prev - c) + c
+    return r, u, c, h
+
+
+def ref_block_gru(x, h_prev, w_ru, w_c, b_ru, b_c, L=None):
+    T = x.shape[0]
+    L = T if L is None else L
+    outs = [[], [], [], []]
+    h = h_prev
+    for t in range(T):
+        if t < L:
+            step = ref_gru_cell(x[t], h, w_ru, w_c, b_ru, b_c)
+            h = step[3]
+        else:
+            step = [torch.zeros_like(h_prev)] * 4
+        for k in range(4):
+            outs[k].append(step[k])
+    return tuple(torch.stack(o) for o in outs)
+
+
+def split_gates(g, C, ifco):
+    blocks = [g[:, k * C:(k + 1) * C] for k in range(4)]
+    if ifco:
+        gi, gf, gc, go = blocks
+    else:
+        gi, gc, gf, go = blocks
+    return gi, gc, gf, go
+
+
+def ref_lstm_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0, use_peephole=False,
+                  ifco=False):
+    C = cs_prev.shape[1]
+    g = torch.cat([x, h_prev], 1) @ w + b
+    gi, gc, gf, go = split_gates(g, C, ifco)
+    if use_peephole:
+        gi = gi + cs_prev * wci
+        gf = gf + cs_prev * wcf
+    i = torch.sigmoid(gi)
+    ci = torch.tanh(gc)
+    f = torch.sigmoid(gf + forget_bias)
+    cs = i * ci + f * cs_prev
+    if cell_clip > 0:  # straight-through clip (rule 10d)
+        cs = cs + (cs.clamp(-cell_clip, cell_clip) - cs).detach()
+    co = torch.tanh(cs)
+    o = torch.sigmoid(go + cs * wco) if use_peephole else torch.sigmoid(go)
+    h = o * co
+    return i, cs, f, o, ci, co, h
+
+
+def ref_block_lstm(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0, use_peephole=False,
+                   ifco=False, L=None):
+    T = x.shape[0]
+    L = T if L is None else L
+    outs = [[] for _ in range(7)]
+    cs, h = cs_prev, h_prev
+    for t in range(T):
+        if t < L:
+            step = ref_lstm_cell(x[t], cs, h, w, wci, wcf, wco, b, forget_bias, cell_clip, use_peephole, ifco)
+            cs, h = step[1], step[6]
+        else:
+            step = [torch.zeros_like(cs_prev)] * 7
+        for k in range(7):
+            outs[k].append(step[k])
+    return tuple(torch.stack(o) for o in outs)
+
+
+def gru_inputs(B=3, I=4, C=5, dtype=F64, seed=0, scale=1.0, T=None, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    xs = (T, B, I) if T is not None else (B, I)
+    return [rnd(*s, dtype=dtype, gen=g, scale=scale, requires_grad=requires_grad)
+            for s in (xs, (B, C), (I + C, 2 * C), (I + C, C), (2 * C,), (C,))]
+
+
+def lstm_inputs(B=3, I=4, C=5, dtype=F64, seed=0, scale=1.0, T=None, requires_grad=False):
+    g = torch.Generator().manual_seed(seed)
+    xs = (T, B, I) if T is not None else (B, I)
+    return [rnd(*s, dtype=dtype, gen=g, scale=scale, requires_grad=requires_grad)
+            for s in (xs, (B, C), (B, C), (I + C, 4 * C), (C,), (C,), (C,), (4 * C,))]
+
+
+def sl(n):
+    return torch.tensor(n, dtype=torch.int64)
+
+
+def close(a, b, rtol=1e-10, atol=1e-10):
+    torch.testing.assert_close(a, b, rtol=rtol, atol=atol)
+
+
+# ================================================================================================
+# GRUBlockCell
+# ================================================================================================
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_gru_cell_forward_matches_reference(dtype, tol):
+    args = gru_inputs(B=4, I=6, C=5)
+    out = ops.gru_block_cell(*[a.to(dtype) for a in args])
+    for got, want in zip(out, ref_gru_cell(*args)):
+        assert got.dtype == dtype and got.shape == (4, 5)
+        close(got.double(), want, rtol=tol, atol=tol)
+
+
+def test_gru_cell_tf_single_and_multi_step():
+    # gru_ops_test SingleStep / MultiStep: weights U(-0.01, 0.01), b_ru = 1, b_c = 0, float32, 1e-6.
+    rs = np.random.RandomState(1994)
+    B, C, I = 4, 5, 6
+    x = torch.from_numpy(rs.rand(B, I))
+    h = torch.from_numpy(rs.rand(B, C))
+    w_ru = torch.from_numpy(rs.uniform(-0.01, 0.01, (I + C, 2 * C)))
+    w_c = torch.from_numpy(rs.uniform(-0.01, 0.01, (I + C, C)))
+    b_ru, b_c = torch.ones(2 * C, dtype=F64), torch.zeros(C, dtype=F64)
+    got = ops.gru_block_cell(*[t.float() for t in (x, h, w_ru, w_c, b_ru, b_c)])[3]
+    close(got.double(), ref_gru_cell(x, h, w_ru, w_c, b_ru, b_c)[3], rtol=1e-6, atol=1e-6)
+    # MultiStep: T=4, B=2, C=3, I=3 time-major, unrolled cell == block_gru
+    T, B, C, I = 4, 2, 3, 3
+    x = torch.from_numpy(rs.rand(T, B, I)).float()
+    h0 = torch.zeros(B, C)
+    w_ru = torch.from_numpy(rs.uniform(-0.01, 0.01, (I + C, 2 * C))).float()
+    w_c = torch.from_numpy(rs.uniform(-0.01, 0.01, (I + C, C))).float()
+    b_ru, b_c = torch.ones(2 * C), torch.zeros(C)
+    hs, h = [], h0
+    for t in range(T):
+        h = ops.gru_block_cell(x[t], h, w_ru, w_c, b_ru, b_c)[3]
+        hs.append(h)
+    close(ops.block_gru(sl(T), x, h0, w_ru, w_c, b_ru, b_c)[3], torch.stack(hs), rtol=1e-6, atol=1e-6)
+    want = ref_block_gru(*[t.double() for t in (x, h0, w_ru, w_c, b_ru, b_c)])[3]
+    close(torch.stack(hs).double(), want, rtol=1e-6, atol=1e-6)
+
+
+def test_gru_cell_grad_raw_op_matches_tf_formula():
+    x, h_prev, w_ru, w_c, b_ru, b_c = gru_inputs(B=3, I=4, C=5, seed=1)
+    r, u, c, _ = ops.gru_block_cell(x, h_prev, w_ru, w_c, b_ru, b_c)
+    d_h = rnd(3, 5, gen=torch.Generator().manual_seed(2))
+    d_x, d_h_prev, d_c_bar, d_rbu = ops.gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h)
+    I, C = 4, 5
+    # spec §3.3, written independently
+    e_dcb = d_h * (1 - u) * (1 - c * c)
+    e_dub = d_h * (h_prev - c) * u * (1 - u)
+    xh2 = e_dcb @ w_c.T
+    dx2, d_hr = xh2[:, :I], xh2[:, I:]
+    e_drb = d_hr * h_prev * r * (1 - r)
+    e_drbu = torch.cat([e_drb, e_dub], 1)
+    xh1 = e_drbu @ w_ru.T
+    close(d_c_bar, e_dcb)
+    close(d_rbu, e_drbu)
+    close(d_x, xh1[:, :I] + dx2)
+    close(d_h_prev, xh1[:, I:] + d_hr * r + d_h * u)
+
+
+def test_gru_cell_gradients_all_outputs_match_reference():
+    args = gru_inputs(B=3, I=4, C=5, seed=3, requires_grad=True)
+    g = torch.Generator().manual_seed(4)
+    ups = [rnd(3, 5, gen=g) for _ in range(4)]
+    out = ops.gru_block_cell(*args)
+    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(out, ups)), args)
+    ref = ref_gru_cell(*args)
+    want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(ref, ups)), args)
+    for a, b in zip(got, want):
+        close(a, b)
+    # only h: the TF 1.x gradient (§3.4)
+    got = torch.autograd.grad(ops.gru_block_cell(*args)[3].sum(), args)
+    want = torch.autograd.grad(ref_gru_cell(*args)[3].sum(), args)
+    for a, b in zip(got, want):
+        close(a, b)
+
+
+def test_gru_cell_gradcheck_and_no_double_backward():
+    args = gru_inputs(B=2, I=3, C=2, seed=5, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: ops.gru_block_cell(*a), args)
+    assert torch.autograd.gradcheck(lambda *a: ops.gru_block_cell(*a)[0], args)  # r only
+    with pytest.raises(RuntimeError, match="derivative for torchops::_gru_block_cell_backward is not implemented"):
+        torch.autograd.gradgradcheck(lambda *a: ops.gru_block_cell(*a)[3], args)
+
+
+def test_gru_tf_gradient_test_small_error():
+    # gru_ops_test Gradient: B=1, C=3, I=2, x and h zeros, glorot-like weights; error < 1e-4.
+    torch.manual_seed(0)
+    B, C, I = 1, 3, 2
+    x = torch.zeros(B, I, dtype=F64, requires_grad=True)
+    h = torch.zeros(B, C, dtype=F64, requires_grad=True)
+    lim_ru, lim_c = (6 / (I + C + 2 * C)) ** 0.5, (6 / (I + C + C)) ** 0.5
+    w_ru = ((torch.rand(I + C, 2 * C, dtype=F64) * 2 - 1) * lim_ru).requires_grad_()
+    w_c = ((torch.rand(I + C, C, dtype=F64) * 2 - 1) * lim_c).requires_grad_()
+    b_ru = torch.ones(2 * C, dtype=F64, requires_grad=True)
+    b_c = torch.zeros(C, dtype=F64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: ops.gru_block_cell(*a)[3], (x, h, w_ru, w_c, b_ru, b_c), atol=1e-4)
+
+
+def test_gru_cell_batch_zero():
+    args = gru_inputs(B=0, I=4, C=5, requires_grad=True)
+    out = ops.gru_block_cell(*args)
+    assert all(o.shape == (0, 5) for o in out)
+    grads = torch.autograd.grad(out[3].sum(), args, allow_unused=True)
+    assert grads[0].shape == (0, 4)
+    assert torch.equal(grads[2], torch.zeros(9, 10, dtype=F64))
+    raw = ops.gru_block_cell_grad(*[a.detach() for a in args], *[o.detach() for o in out[:3]], out[3].detach())
+    assert [tuple(t.shape) for t in raw] == [(0, 4), (0, 5), (0, 5), (0, 10)]
+
+
+def test_gru_cell_noncontiguous_inputs():
+    args = gru_inputs(B=3, I=4, C=5, seed=7)
+    nc = [args[0].T.contiguous().T, args[1].T.contiguous().T, args[2].T.contiguous().T, args[3].T.contiguous().T,
+          torch.stack([args[4], args[4]], 1)[:, 0], torch.stack([args[5], args[5]], 1)[:, 0]]
+    assert not any(t.is_contiguous() for t in nc)
+    for got, want in zip(ops.gru_block_cell(*nc), ref_gru_cell(*args)):
+        close(got, want)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
+def test_gru_low_precision_vs_float32(dtype, tol):
+    args = gru_inputs(B=4, I=8, C=6, seed=8, scale=0.5)
+    low = [a.to(dtype) for a in args]
+    out = ops.gru_block_cell(*low)
+    ref = ops.gru_block_cell(*[a.to(dtype).float() for a in args])
+    for a, b in zip(out, ref):
+        assert a.dtype == dtype
+        close(a.float(), b, rtol=tol, atol=tol)
+    seq = gru_inputs(B=2, I=3, C=4, T=3, seed=9, scale=0.5)
+    out = ops.block_gru(sl(3), *[a.to(dtype) for a in seq])
+    ref = ops.block_gru(sl(3), *[a.to(dtype).float() for a in seq])
+    for a, b in zip(out, ref):
+        close(a.float(), b, rtol=tol, atol=tol)
+    # gradients of the low-precision path
+    low = [a.to(dtype).requires_grad_() for a in args]
+    g = torch.autograd.grad(ops.gru_block_cell(*low)[3].float().sum(), low)
+    f32 = [a.to(dtype).float().requires_grad_() for a in args]
+    gr = torch.autograd.grad(ops.gru_block_cell(*f32)[3].sum(), f32)
+    for a, b in zip(g, gr):
+        assert a.dtype == dtype
+        close(a.float(), b, rtol=4 * tol, atol=4 * tol)
+
+
+# ================================================================================================
+# BlockGRU
+# ================================================================================================
+@pytest.mark.parametrize("L", [4, 2, 0])
+def test_block_gru_matches_reference_and_zero_tail(L):
+    args = gru_inputs(B=3, I=4, C=5, T=4, seed=10)
+    out = ops.block_gru(sl(L), *args)
+    want = ref_block_gru(*args, L=L)
+    for a, b in zip(out, want):
+        close(a, b)
+    for o in out:
+        assert torch.count_nonzero(o[L:]) == 0
+
+
+@pytest.mark.parametrize("L", [3, 1, 0])
+def test_block_gru_gradcheck(L):
+    args = gru_inputs(B=2, I=3, C=2, T=3, seed=11, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: ops.block_gru(sl(L), *a), args)
+
+
+def test_block_gru_grads_match_reference_all_outputs():
+    args = gru_inputs(B=3, I=4, C=5, T=4, seed=12, requires_grad=True)
+    g = torch.Generator().manual_seed(13)
+    ups = [rnd(4, 3, 5, gen=g) for _ in range(4)]
+    got = torch.autograd.grad(sum((o * w).sum() for o, w in zip(ops.block_gru(sl(3), *args), ups)), args)
+    want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(ref_block_gru(*args, L=3), ups)), args)
+    for a, b in zip(got, want):
+        close(a, b)
+    with pytest.raises(RuntimeError, match="derivative for torchops::block_gru_grad is not implemented"):
+        torch.autograd.gradgradcheck(lambda *a: ops.block_gru(sl(4), *a)[3], args)
+
+
+def test_block_gru_cell_equivalence_and_batch_zero():
+    args = gru_inputs(B=3, I=4, C=5, T=1, seed=14)
+    a = ops.block_gru(sl(1), *args)
+    b = ops.gru_block_cell(args[0][0], *args[1:])
+    for p, q in zip(a, b):
+        close(p[0], q, rtol=1e-14, atol=1e-14)
+    args = gru_inputs(B=0, I=4, C=5, T=3, requires_grad=True)
+    out = ops.block_gru(sl(3), *args)
+    assert out[3].shape == (3, 0, 5)
+    g = torch.autograd.grad(out[3].sum(), args)
+    assert g[0].shape == (3, 0, 4) and torch.count_nonzero(g[2]) == 0
+
+
+# ================================================================================================
+# LSTMBlockCell
+# ================================================================================================
+def test_lstm_block_cell_tf_literal_values():
+    # lstm_ops_test.testLSTMBlockCell: two stacked LSTMBlockCell(2), weights 0.5, b 0, forget_bias 1.
+    for dtype in (torch.float32, torch.float64):
+        x = torch.ones(1, 2, dtype=dtype)
+        st = torch.full((1, 2), 0.1, dtype=dtype)
+        w = torch.full((4, 8), 0.5, dtype=dtype)
+        z2, b = torch.zeros(2, dtype=dtype), torch.zeros(8, dtype=dtype)
+        _, c0, _, _, _, _, h0 = ops.lstm_block_cell(x, st, st, w, z2, z2, z2, b, 1.0, -1.0, False)
+        _, c1, _, _, _, _, h1 = ops.lstm_block_cell(h0, st, st, w, z2, z2, z2, b, 1.0, -1.0, False)
+        tol = dict(rtol=1e-6, atol=1e-6)
+        close(c0, torch.full((1, 2), 0.68967271, dtype=dtype), **tol)
+        close(h0, torch.full((1, 2), 0.44848421, dtype=dtype), **tol)
+        close(c1, torch.full((1, 2), 0.39897051, dtype=dtype), **tol)
+        close(h1, torch.full((1, 2), 0.24024698, dtype=dtype), **tol)
+
+
+@pytest.mark.parametrize("use_peephole", [False, True])
+@pytest.mark.parametrize("cell_clip", [-1.0, 0.5])
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, 1e-12), (torch.float32, 2e-6)])
+def test_lstm_cell_forward_matches_reference(use_peephole, cell_clip, dtype, tol):
+    args = lstm_inputs(B=3, I=4, C=5, seed=20, scale=2.0)
+    out = ops.lstm_block_cell(*[a.to(dtype) for a in args], 0.7, cell_clip, use_peephole)
+    want = ref_lstm_cell(*args, 0.7, cell_clip, use_peephole)
+    for a, b in zip(out, want):
+        close(a.double(), b, rtol=tol, atol=tol)
+    if cell_clip > 0:
+        assert out[1].abs().max() <= cell_clip and (out[1].abs() == cell_clip).any()  # clip active
+
+
+def test_lstm_cell_defaults_v1():
+    args = lstm_inputs(B=2, I=3, C=4, seed=21, scale=3.0)
+    args[1] = args[1].sign() * 6.0  # |cs| > 3 for most entries: the default clip is active
+    out = ops.lstm_block_cell(*args)  # forget_bias=1, cell_clip=3, no peephole
+    for a, b in zip(out, ref_lstm_cell(*args, 1.0, 3.0, False)):
+        close(a, b)
+    assert (out[1].abs() == 3.0).any()
+
+
+@pytest.mark.parametrize("use_peephole", [False, True])
+def test_lstm_cell_grad_raw_op_matches_tf_formula(use_peephole):
+    args = lstm_inputs(B=3, I=4, C=5, seed=22)
+    x, cs_prev, h_prev, w, wci, wcf, wco, b = args
+    i, cs, f, o, ci, co, h = ops.lstm_block_cell(*args, 1.0, 0.5, use_peephole)
+    g = torch.Generator().manual_seed(23)
+    cs_grad, h_grad = rnd(3, 5, gen=g), rnd(3, 5, gen=g)
+    cs_prev_grad, dicfo, wci_g, wcf_g, wco_g = ops.lstm_block_cell_grad(*args, i, cs, f, o, ci, co, cs_grad, h_grad,
+                                                                        use_peephole)
+    # spec §4.4, written independently
+    do = o * (1 - o) * h_grad * co
+    dcs = (1 - co * co) * h_grad * o + cs_grad
+    if use_peephole:
+        dcs = dcs + do * wco
+    dci = (1 - ci * ci) * dcs * i
+    df = f * (1 - f) * dcs * cs_prev
+    di = i * (1 - i) * dcs * ci
+    e_cs_prev = dcs * f + ((di * wci + df * wcf) if use_peephole else 0)  # added once (rule 10f)
+    close(cs_prev_grad, e_cs_prev)
+    close(dicfo, torch.cat([di, dci, df, do], 1))
+    zero = torch.zeros(5, dtype=F64)
+    close(wci_g, (di * cs_prev).sum(0) if use_peephole else zero)
+    close(wcf_g, (df * cs_prev).sum(0) if use_peephole else zero)
+    close(wco_g, (do * cs).sum(0) if use_peephole else zero)
+
+
+@pytest.mark.parametrize("use_peephole", [False, True])
+def test_lstm_cell_gradients_match_reference_straight_through(use_peephole):
+    args = lstm_inputs(B=3, I=4, C=5, seed=24, scale=2.0, requires_grad=True)
+    g = torch.Generator().manual_seed(25)
+    ups = [rnd(3, 5, gen=g) for _ in range(7)]
+    out = ops.lstm_block_cell(*args, 1.0, 0.5, use_peephole)
+    assert (out[1].detach().abs() == 0.5).any()
+    got = torch.autograd.grad(sum((o * u).sum() for o, u in zip(out, ups)), args)
+    ref = ref_lstm_cell(*args, 1.0, 0.5, use_peephole)
+    want = torch.autograd.grad(sum((o * u).sum() for o, u in zip(ref, ups)), args, allow_unused=True)
+    for a, b in zip(got, want):
+        close(a, torch.zeros_like(a) if b is None else b)
+
+
+@pytest.mark.parametrize("use_peephole", [False, True])
+def test_lstm_cell_gradcheck_and_no_double_backward(use_peephole):
+    args = lstm_inputs(B=2, I=3, C=2, seed=26, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda *a: ops.lstm_block_cell(*a, 1.0, -1.0, use_peephole), args)
+    with pytest.raises(RuntimeError, match="derivative for torchops::_lstm_block_cell_backward is not implemented"):
+        torch.autograd.gradgradcheck(lambda *a: ops.lstm_block_cell(*a, 1.0, -1.0, use_peephole)[6], args)
+
+
+def test_lstm_cell_cpu_consistency_random_sizes():
+    # rnn_grad_test.testLSTMBlockCell (random B, I, C in [1, 32)), float32 op vs float64 reference.
+    rs = np.random.RandomState(0)
+    for peep in (False, True):
+        B, I, C = (int(v) for v in rs.randint(1, 32, 3))
+        args = lstm_inputs(B=B, I=I, C=C, seed=int(rs.randint(1000)))
+        out = ops.lstm_block_cell(*[a.float() for a in args], 1.0, 0.0, peep)
+        for a, b in zip(out, ref_lstm_cell(*args, 1.0, 0.0, peep)):
+            close(a.double(), b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 8e-3), (torch.bfloat16, 4e-2)])
+def test_lstm_low_precision_vs_float32(dtype, tol):
+    args = lstm_inputs(B=2, I=3, C=4, T=4, seed=27, scale=0.5)
+    for peep in (False, True):
+        out = ops.block_lstm(sl(4), *[a.to(dtype) for a in args], 1.0, 0.5, peep)
+        ref = ops.block_lstm(sl(4), *[a.to(dtype).float() for a in args], 1.0, 0.5, peep)
+        for a, b in zip(out, ref):
+            assert a.dtype == dtype
+            close(a.float(), b, rtol=tol, atol=tol)
+    cell = [a[0] if k == 0 else a for k, a in enumerate(args)]
+    out = ops.lstm_block_cell(*[a.to(dtype) for a in cell], 1.0, 3.0, True)
+    ref = ops.lstm_block_cell(*[a.to(dtype).float() for a in cell], 1.0, 3.0, True)
+    for a, b in zip(out, ref):
+        close(a.float(), b, rtol=tol, atol=tol)
+    low = [a.to(dtype).requires_grad_() for a in args]
+    g = torch.autograd.grad(ops.block_lstm_v2(sl(4), *low)[6].float().sum(), low)
+    f32 = [a.to(dtype).float().requires_grad_() for a in args]
+    gr = torch.autograd.grad(ops.block_lstm_v2(sl(4), *f32)[6].sum(), f32)
+    for a, b in zip(g, gr):
+        assert a.dtype == dtype
+        close(a.float(), b, rtol=4 * tol, atol=4 * tol)
+
+
+# ================================================================================================
+# BlockLSTM / BlockLSTMV2
+# ================================================================================================
+@pytest.mark.parametrize("v2", [False, True])
+@pytest.mark.parametrize("use_peephole", [False, True])
+@pytest.mark.parametrize("L", [4, 2, 0])
+def test_block_lstm_forward_matches_reference(v2, use_peephole, L):
+    args = lstm_inputs(B=2, I=3, C=4, T=4, seed=30, scale=2.0)
+    if v2:
+        out = ops.block_lstm_v2(sl(L), *args, 0.5, use_peephole)
+        want = ref_block_lstm(*args, 0.0, 0.5, use_peephole, True, L=L)
+    else:
+        out = ops.block_lstm(sl(L), *args, 0.8, 0.5, use_peephole)
+        want = ref_block_lstm(*args, 0.8, 0.5, use_peephole, False, L=L)
+    for a, b in zip(out, want):
+        close(a, b)
+    for o in out:  # all seven outputs are zero beyond seq_len_max (rule 10e)
+        assert torch.count_nonzero(o[L:]) == 0
+    if L > 0:
+        assert (out[1][:L].abs() == 0.5).any()
+
+
+def test_block_lstm_v1_v2_defaults():
+    args = lstm_inputs(B=2, I=3, C=4, T=3, seed=31, scale=3.0)
+    args[1] = args[1].sign() * 6.0  # large initial cell state: |cs| > 3 without clipping
+    v1 = ops.block_lstm(sl(3), *args)  # forget_bias 1, cell_clip 3
+    for a, b in zip(v1, ref_block_lstm(*args, 1.0, 3.0, False, False)):
+        close(a, b)
+    v2 = ops.block_lstm_v2(sl(3), *args)  # no forget bias, no clip
+    for a, b in zip(v2, ref_block_lstm(*args, 0.0, 0.0, False, True)):
+        close(a, b)
+    assert v2[1].abs().max() > 3.0 and v1[1].abs().max() == 3.0
+
+
+def icfo_to_ifco(t):
+    C = t.shape[-1] // 4
+    i, c, f, o = (t[..., k * C:(k + 1) * C] for k in range(4))
+    return torch.cat([i, f, c, o], -1)
+
+
+def test_block_lstm_v1_v2_consistency():
+    # rnn_grad_test.testBlockLSTMV1V2Consistency: T=1, B=1, I=1, C=8; V1 forget_bias 0, cell_clip 0.
+    g = torch.Generator().manual_seed(32)
+    x, cs, h = torch.rand(1, 1, 1, generator=g), torch.rand(1, 8, generator=g), torch.rand(1, 8, generator=g)
+    w, b = torch.rand(9, 32, generator=g), torch.rand(32, generator=g)
+    p = [torch.rand(8, generator=g) for _ in range(3)]
+    v1 = [t.requires_grad_() for t in (x, cs, h, w, b)]
+    v2 = [t.detach().clone().requires_grad_() for t in (x, cs, h)] + [
+        icfo_to_ifco(w).requires_grad_(), icfo_to_ifco(b).requires_grad_()]
+    o1 = ops.block_lstm(sl(1), v1[0], v1[1], v1[2], v1[3], *p, v1[4], 0.0, 0.0, False)
+    o2 = ops.block_lstm_v2(sl(1), v2[0], v2[1], v2[2], v2[3], *p, v2[4], 0.0, False)
+    torch.testing.assert_close(o1[1], o2[1], rtol=2e-7, atol=0)
+    torch.testing.assert_close(o1[6], o2[6], rtol=2e-7, atol=0)
+    g1 = torch.autograd.grad(o1[1].sum() + o1[6].sum(), v1)
+    g2 = torch.autograd.grad(o2[1].sum() + o2[6].sum(), v2)
+    close(icfo_to_ifco(g1[3]), g2[3], rtol=1e-6, atol=1e-6)  # rule 10c: permuted, not equal
+    close(icfo_to_ifco(g1[4]), g2[4], rtol=1e-6, atol=1e-6)
+    for a, b in zip(g1[:3], g2[:3]):
+        close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("v2", [False, True])
+@pytest.mark.parametrize("use_peephole", [False, True])
+def test_block_lstm_grads_match_reference_all_outputs(v2, use_peephole):
+    args = lstm_inputs(B=2, I=3, C=4, T=4, seed=33, scale=2.0, requires_grad=True)
+    g = torch.Generator().manual_seed(34)
+    ups = [rnd(4, 2, 4, gen=g) for _ in range(7)]
+    if v2:
+        out = ops.block_lstm_v2(sl(3), *args, 0.5, use_peephole)
+        ref = ref_block_lstm(*args, 0.0, 0.5, use_peephole, True, L=3)
+    else:
+        out = ops.block_lstm(sl(3), *args, 1.0, 0.5, use_peephole)
+        ref = ref_block_lstm(*args, 1.0, 0.5, use_peephole, False, L=3)
+    for only_cs_h in (False, True):
+        pairs = [(o, r, u) for k, (o, r, u) in enumerate(zip(out, ref, ups)) if not only_cs_h or k in (1, 6)]
+        got = torch.autograd.grad(sum((o * u).sum() for o, _, u in pairs), args, retain_graph=True)
+        want = torch.autograd.grad(sum((r * u).sum() for _, r, u in pairs), args, retain_graph=True,
+                                   allow_unused=True)
+        for a, b in zip(got, want):
+            close(a, torch.zeros_like(a) if b is None else b)
+
+
+@pytest.mark.parametrize("v2", [False, True])
+def test_block_lstm_grad_raw_ops_match_reference(v2):
+    args = lstm_inputs(B=2, I=3, C=4, T=3, seed=35, requires_grad=True)
+    op, grad_op = (ops.block_lstm_v2, ops.block_lstm_grad_v2) if v2 else (ops.block_lstm, ops.block_lstm_grad)
+    attrs = (0.0, True) if v2 else (1.0, 0.0, True)
+    out = op(sl(3), *args, *attrs)
+    g = torch.Generator().manual_seed(36)
+    cs_grad, h_grad = rnd(3, 2, 4, gen=g), rnd(3, 2, 4, gen=g)
+    raw = grad_op(sl(3), *[a.detach() for a in args], *[o.detach() for o in out], cs_grad, h_grad, True)
+    ref = ref_block_lstm(*args, 0.0 if v2 else 1.0, 0.0, True, v2)
+    want = torch.autograd.grad((ref[1] * cs_grad).sum() + (ref[6] * h_grad).sum(), args)
+    for a, b in zip(raw, want):
+        close(a, b)
+
+
+@pytest.mark.parametrize("v2", [False, True])
+@pytest.mark.parametrize("L", [3, 1, 0])
+def test_block_lstm_gradcheck(v2, L):
+    args = lstm_inputs(B=2, I=2, C=2, T=3, seed=37, requires_grad=True)
+    if v2:
+        fn = lambda *a: ops.block_lstm_v2(sl(L), *a, 0.0, True)  # noqa: E731
+    else:
+        fn = lambda *a: ops.block_lstm(sl(L), *a, 1.0, -1.0, True)  # noqa: E731
+    assert torch.autograd.gradcheck(fn, args)
+    if L == 3:
+        with pytest.raises(RuntimeError, match="is not implemented"):
+            torch.autograd.gradgradcheck(lambda *a: fn(*a)[6], args)
+
+
+def test_block_lstm_batch_zero_and_c_zero():
+    args = lstm_inputs(B=0, I=3, C=4, T=2, requires_grad=True)
+    out = ops.block_lstm_v2(sl(2), *args)
+    assert out[6].shape == (2, 0, 4)
+    g = torch.autograd.grad(out[6].sum(), args)
+    assert g[0].shape == (2, 0, 3) and torch.count_nonzero(g[3]) == 0
+    args = lstm_inputs(B=3, I=2, C=0, T=2)
+    assert ops.block_lstm(sl(2), *args)[6].shape == (2, 3, 0)
+
+
+# ================================================================================================
+# Errors (type and message)
+# ================================================================================================
+def _gru_err_cases():
+    B, I, C = 2, 3, 4
+    good = gru_inputs(B=B, I=I, C=C)
+    z = torch.zeros
+
+    def with_(k, v):
+        a = list(good)
+        a[k] = v
+        return a
+    return [
+        (with_(0, z(B * I, dtype=F64)), "Rank of x must be 2, got 1"),
+        (with_(1, z(C, dtype=F64)), "Rank of h_prev must be 2, got 1"),
+        (with_(1, z(B + 1, C, dtype=F64)), r"h_prev.dims\(0\) != batch_size: 3 vs. 2"),
+        (with_(2, z(I + C, dtype=F64)), "Rank of w_ru must be 2, got 1"),
+        (with_(2, z(I + C + 1, 2 * C, dtype=F64)), r"w_ru.dim_size\(0\) != input_size \+ cell_size: 8 vs. 7"),
+        (with_(2, z(I + C, 2 * C + 1, dtype=F64)), r"w_ru.dim_size\(1\) != cell_size \* 2: 9 vs. 8"),
+        (with_(3, z(I + C, dtype=F64)), "Rank of w_c must be 2, got 1"),
+        (with_(3, z(I + C - 1, C, dtype=F64)), r"w_c.dim_size\(0\) != input_size \+ cell_size: 6 vs. 7"),
+        (with_(3, z(I + C, C + 1, dtype=F64)), r"w_c.dim_size\(1\) != cell_size: 5 vs. 4"),
+        (with_(4, z(1, 2 * C, dtype=F64)), "Rank of b_ru must be 1, got 2"),
+        (with_(4, z(C, dtype=F64)), r"b_ru.dim_size\(0\) != cell_size \* 2: 4 vs. 8"),
+        (with_(5, z(1, C, dtype=F64)), "Rank of b_c must be 1, got 2"),
+        (with_(5, z(C + 2, dtype=F64)), r"b_c.dim_size\(0\) != cell_size: 6 vs. 4"),
+        (with_(3, z(I + C, C, dtype=torch.float32)), r"w_c must have the same dtype as x \(Double\), got Float"),
+        ([a.int() for a in good], "x must be float32, float64, float16 or bfloat16, got Int"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_gru_cell_errors(case):
+    args, msg = _gru_err_cases()[case]
+    with pytest.raises(RuntimeError, match=msg):
+        ops.gru_block_cell(*args)
+
+
+def test_gru_cell_grad_errors():
+    args = gru_inputs(B=2, I=3, C=4)
+    r, u, c, h = ops.gru_block_cell(*args)
+    bad = torch.zeros(2, 5, dtype=F64)
+    with pytest.raises(RuntimeError, match=r"Rank of r must be 2, got 1"):
+        ops.gru_block_cell_grad(*args, r[0], u, c, h)
+    with pytest.raises(RuntimeError, match=r"u.dims\(1\) != cell_size: 5 vs. 4"):
+        ops.gru_block_cell_grad(*args, r, bad, c, h)
+    with pytest.raises(RuntimeError, match=r"Rank of c must be 2, got 3"):
+        ops.gru_block_cell_grad(*args, r, u, c[None], h)
+    with pytest.raises(RuntimeError, match=r"d_h.dims\(0\) != batch_size: 1 vs. 2"):
+        ops.gru_block_cell_grad(*args, r, u, c, h[:1])
+    with pytest.raises(RuntimeError, match=r"Rank of w_ru must be 2, got 1"):
+        ops.gru_block_cell_grad(args[0], args[1], args[2][0], *args[3:], r, u, c, h)
+
+
+def test_block_gru_errors():
+    args = gru_inputs(B=2, I=3, C=4, T=3)
+    with pytest.raises(RuntimeError, match="`seq_len_max_tensor` must be rank 0 but is rank 1"):
+        ops.block_gru(torch.tensor([3]), *args)
+    with pytest.raises(RuntimeError, match="seq_len_max must be between 0 and 3 but is 4"):
+        ops.block_gru(sl(4), *args)
+    with pytest.raises(RuntimeError, match="seq_len_max must be between 0 and 3 but is -1"):
+        ops.block_gru(sl(-1), *args)
+    with pytest.raises(RuntimeError, match="seq_len_max must be an int64 tensor, got Int"):
+        ops.block_gru(torch.tensor(3, dtype=torch.int32), *args)
+    with pytest.raises(RuntimeError, match="x must be 3D, got rank 2"):
+        ops.block_gru(sl(3), args[0][0], *args[1:])
+    out = ops.block_gru(sl(3), *args)
+    with pytest.raises(RuntimeError, match=r"h must have shape \[3, 2, 4\], got \[2, 2, 4\]"):
+        ops.block_gru_grad(sl(3), *args, out[0], out[1], out[2], out[3][:2], out[3])
+    with pytest.raises(RuntimeError, match=r"r_grad must have shape \[3, 2, 4\]"):
+        ops.block_gru_grad(sl(3), *args, *out, out[3], out[3][:1])
+
+
+def _lstm_cell_err_cases():
+    B, I, C = 2, 3, 4
+    good = lstm_inputs(B=B, I=I, C=C)
+    z = torch.zeros
+
+    def with_(k, v):
+        a = list(good)
+        a[k] = v
+        return a
+    return [
+        (with_(0, z(B * I, dtype=F64)), r"x_tensor must be rank 2 but is rank 1\."),
+        (with_(1, z(B, C, 1, dtype=F64)), "cs_prev_tensor must be rank 2 but is rank 3"),
+        (with_(2, z(C, dtype=F64)), "h_prev_tensor must be rank 2 but is rank 1"),
+        (with_(3, z(4 * C, dtype=F64)), "w_tensor must be rank 2 but is rank 1"),
+        (with_(4, z((), dtype=F64)), "wci_tensor must be rank 1 but is rank 0"),  # TF testLSTMBlockCellErrorHandling
+        (with_(6, z(28, 17, dtype=F64)), "wco_tensor must be rank 1 but is rank 2"),
+        (with_(7, z(1, 4 * C, dtype=F64)), "b_tensor must be rank 1 but is rank 2"),
+        (with_(1, z(B + 1, C, dtype=F64)), r"cs_prev.dims\(0\) != batch_size: 3 vs. 2"),
+        (with_(2, z(B, C + 1, dtype=F64)), r"h_prev.dims\(1\) != cell_size: 5 vs. 4"),
+        (with_(2, z(B - 1, C, dtype=F64)), r"h_prev.dims\(0\) != batch_size: 1 vs. 2"),
+        (with_(3, z(I + C + 1, 4 * C, dtype=F64)), r"w.dim_size\(0\) != input_size \+ cell_size: 8 vs. 7"),
+        (with_(3, z(I + C, 4 * C - 1, dtype=F64)), r"w.dim_size\(1\) != cell_size \* 4: 15 vs. 16"),
+        (with_(7, z(4 * C + 1, dtype=F64)), r"b.dim_size\(0\) != cell_size \* 4: 17 vs. 16"),
+        (with_(5, z(C + 1, dtype=F64)), r"wcf.dim_size\(0\) != cell_size: 5 vs. 4"),  # rule 10g
+        (with_(0, z(B, I, dtype=torch.float32)), r"wci must have the same dtype as x \(Float\), got Double"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(15))
+def test_lstm_cell_errors(case):
+    args, msg = _lstm_cell_err_cases()[case]
+    with pytest.raises(RuntimeError, match=msg):
+        ops.lstm_block_cell(*args)
+
+
+def test_lstm_cell_empty_and_grad_errors():
+    # testLSTMBlockCellEmptyInputRaisesError (half, cs_prev [2, 0])
+    h = torch.float16
+    args = [torch.zeros(2, 3, dtype=h), torch.zeros(2, 0, dtype=h), torch.zeros(2, 0, dtype=h),
+            torch.zeros(3, 0, dtype=h), *[torch.zeros(0, dtype=h)] * 4]
+    with pytest.raises(RuntimeError, match="is empty"):
+        ops.lstm_block_cell(*args)
+    args = lstm_inputs(B=2, I=3, C=4)
+    out = ops.lstm_block_cell(*args)
+    with pytest.raises(RuntimeError, match="must be rank 2"):  # rnn_grad_test invalid rank, grad op
+        ops.lstm_block_cell_grad(args[0][0], *args[1:], *out[:6], out[1], out[6], False)
+    with pytest.raises(RuntimeError, match=r"f.dim_size\(1\) != cell_size: 3 vs. 4"):
+        ops.lstm_block_cell_grad(*args, out[0], out[1], out[2][:, :3], *out[3:6], out[1], out[6], False)
+    with pytest.raises(RuntimeError, match=r"h_grad_tensor.dims\(0\) != batch_size: 1 vs. 2"):
+        ops.lstm_block_cell_grad(*args, *out[:6], out[1], out[6][:1], False)
+
+
+def test_block_lstm_errors():
+    args = lstm_inputs(B=2, I=3, C=4, T=3)
+    with pytest.raises(RuntimeError, match="`seq_len_max_tensor` must be rank 0 but is rank 3"):
+        # testLSTMBlockInvalidArgument: seq_len_max [13, 11, 0], C = 0
+        ops.block_lstm(torch.zeros(13, 11, 0, dtype=torch.int64), torch.zeros(1, 3, 12), torch.zeros(3, 0),
+                       torch.zeros(3, 0), torch.zeros(12, 0), torch.zeros(0), torch.zeros(0), torch.zeros(0),
+                       torch.zeros(0))
+    with pytest.raises(RuntimeError, match="seq_len_max must be between 0 and 3 but is 5"):
+        ops.block_lstm_v2(sl(5), *args)
+    with pytest.raises(RuntimeError, match="seq_len_max must be between 0 and 3 but is -2"):
+        ops.block_lstm(sl(-2), *args)
+    with pytest.raises(RuntimeError, match="x must be 3D"):
+        ops.block_lstm(sl(3), args[0][0], *args[1:])
+    with pytest.raises(RuntimeError, match="cs_prev must be 2D"):
+        ops.block_lstm(sl(3), args[0], args[1][0], *args[2:])
+    with pytest.raises(RuntimeError, match=r"wco.dim_size\(0\) != cell_size: 3 vs. 4"):
+        ops.block_lstm(sl(3), *args[:6], args[6][:3], args[7])
+    with pytest.raises(RuntimeError, match=r"b.dim_size\(0\) != cell_size \* 4: 15 vs. 16"):
+        ops.block_lstm(sl(3), *args[:7], args[7][:15])
+
+
+def test_block_lstm_grad_errors():
+    args = lstm_inputs(B=2, I=3, C=4, T=3)
+    out = ops.block_lstm_v2(sl(3), *args)
+    gr = (out[1], out[6], False)
+    with pytest.raises(RuntimeError, match="must be rank"):  # testLSTMBlockCellGradErrorHandling
+        ops.block_lstm_grad_v2(sl(3), args[0], args[1][None], *args[2:], *out, *gr)
+    with pytest.raises(RuntimeError, match="x must be rank 3 but is rank 2"):
+        ops.block_lstm_grad(sl(3), args[0][0], *args[1:], *out, *gr)
+    with pytest.raises(RuntimeError, match="w matrix columns must be a positive multiple of 4, but got 15"):
+        ops.block_lstm_grad(sl(3), *args[:3], args[3][:, :15], *args[4:], *out, *gr)
+    with pytest.raises(RuntimeError, match="w matrix columns must be a positive multiple of 4, but got 0"):
+        ops.block_lstm_grad(sl(3), *args[:3], args[3][:, :0], *args[4:], *out, *gr)
+    with pytest.raises(RuntimeError, match="w matrix rows don't match: 7 vs. 6"):
+        ops.block_lstm_grad(sl(3), *args[:3], args[3][:6], *args[4:], *out, *gr)
+    with pytest.raises(RuntimeError, match="w and b cell_size don't match"):
+        ops.block_lstm_grad(sl(3), *args[:7], args[7][:12], *out, *gr)
+    with pytest.raises(RuntimeError, match=r"o must be rank 3. Received: 2"):
+        ops.block_lstm_grad(sl(3), *args, *out[:3], out[3][0], *out[4:], *gr)
+    with pytest.raises(RuntimeError, match=r"h_grad must have shape \[3, 2, 4\], got \[3, 2, 3\]"):
+        ops.block_lstm_grad(sl(3), *args, *out, out[1], out[6][..., :3], False)
+    with pytest.raises(RuntimeError, match=r"wci must have shape \[4\], got \[5\]"):
+        ops.block_lstm_grad(sl(3), *args[:4], torch.zeros(5, dtype=F64), *args[5:], *out, *gr)
+    with pytest.raises(RuntimeError, match="seq_len_max must be between 0 and 3 but is 4"):
+        ops.block_lstm_grad(sl(4), *args, *out, *gr)
+    with pytest.raises(RuntimeError, match="`seq_len_max_tensor` must be rank 0 but is rank 1"):
+        ops.block_lstm_grad(sl(3)[None], *args, *out, *gr)
+
+
+# ================================================================================================
+# opcheck, torch.compile, TorchScript, Python autograd Functions
+# ================================================================================================
+def _opcheck_cases():
+    gi = gru_inputs(B=2, I=3, C=2, seed=40, requires_grad=True)
+    gs = gru_inputs(B=2, I=3, C=2, T=3, seed=41, requires_grad=True)
+    li = lstm_inputs(B=2, I=3, C=2, seed=42, requires_grad=True)
+    ls = lstm_inputs(B=2, I=3, C=2, T=3, seed=43, requires_grad=True)
+    det = lambda ts: [t.detach() for t in ts]  # noqa: E731
+    gc = det(ops.gru_block_cell(*gi))
+    gq = det(ops.block_gru(sl(2), *gs))
+    lc = det(ops.lstm_block_cell(*li, 1.0, 0.5, True))
+    lq = det(ops.block_lstm(sl(2), *ls, 1.0, 0.5, True))
+    d2 = torch.ones(2, 2, dtype=F64)
+    d3 = torch.ones(3, 2, 2, dtype=F64)
+    return {
+        "gru_block_cell": (ops.gru_block_cell.default, gi),
+        "gru_block_cell_grad": (ops.gru_block_cell_grad.default, det(gi) + gc[:3] + [d2]),
+        "_gru_block_cell_backward": (ops._gru_block_cell_backward.default, det(gi)[:4] + gc[:3] + [d2, None, d2, d2]),
+        "block_gru": (ops.block_gru.default, [sl(2)] + gs),
+        "block_gru_grad": (ops.block_gru_grad.default, [sl(2)] + det(gs) + gq + [d3, d3, None, d3]),
+        "lstm_block_cell": (ops.lstm_block_cell.default, li + [1.0, 0.5, True]),
+        "lstm_block_cell_grad": (ops.lstm_block_cell_grad.default, det(li) + lc[:6] + [d2, d2, True]),
+        "_lstm_block_cell_backward": (ops._lstm_block_cell_backward.default,
+                                      det(li) + lc[:6] + [d2, None, d2, None, d2, d2, None, True]),
+        "block_lstm": (ops.block_lstm.default, [sl(2)] + ls + [1.0, 0.5, True]),
+        "block_lstm_v2": (ops.block_lstm_v2.default, [sl(3)] + ls + [0.0, False]),
+        "block_lstm_grad": (ops.block_lstm_grad.default, [sl(2)] + det(ls) + lq + [d3, d3, True]),
+        "block_lstm_grad_v2": (ops.block_lstm_grad_v2.default, [sl(2)] + det(ls) + lq + [d3, d3, False]),
+        "_block_lstm_backward": (ops._block_lstm_backward.default,
+                                 [sl(2)] + det(ls) + lq + [None, d3, d3, None, None, d3, None, True, True]),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_opcheck_cases()))
+def test_opcheck(name):
+    op, args = _opcheck_cases()[name]
+    torch.library.opcheck(op, tuple(args))
+
+
+def _compile_cases():
+    gi = gru_inputs(B=2, I=3, C=4, seed=50, requires_grad=True)
+    gs = gru_inputs(B=2, I=3, C=4, T=3, seed=51, requires_grad=True)
+    li = lstm_inputs(B=2, I=3, C=4, seed=52, requires_grad=True)
+    ls = lstm_inputs(B=2, I=3, C=4, T=3, seed=53, requires_grad=True)
+    return {
+        "gru_block_cell": (lambda *a: sum(o.sum() for o in ops.gru_block_cell(*a)), gi),
+        "block_gru": (lambda *a: ops.block_gru(sl(2), *a)[3].pow(2).sum(), gs),
+        "lstm_block_cell": (lambda *a: ops.lstm_block_cell(*a, 1.0, 0.5, True)[6].sum(), li),
+        "block_lstm": (lambda *a: ops.block_lstm(sl(3), *a, 1.0, 3.0, True)[1].sum(), ls),
+        "block_lstm_v2": (lambda *a: sum(o.sum() for o in ops.block_lstm_v2(sl(3), *a)), ls),
+    }
+
+
+@pytest.mark.parametrize("name", sorted(_compile_cases()))
+def test_compile_matches_eager(name):
+    fn, args = _compile_cases()[name]
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+    lc = compiled(*args)
+    gc = torch.autograd.grad(lc, args)
+    le = fn(*args)
+    ge = torch.autograd.grad(le, args)
+    close(lc, le)
+    for a, b in zip(gc, ge):
+        close(a, b)
+
+
+def test_torchscript_gru_and_lstm_backprop():
+    @torch.jit.script
+    def gru_loss(x: torch.Tensor, h: torch.Tensor, w_ru: torch.Tensor, w_c: torch.Tensor, b_ru: torch.Tensor,
+                 b_c: torch.Tensor) -> torch.Tensor:
+        r, u, c, hn = torch.ops.torchops.gru_block_cell(x, h, w_ru, w_c, b_ru, b_c)
+        return (hn * hn).sum() + r.sum()
+
+    @torch.jit.script
+    def lstm_loss(s: torch.Tensor, x: torch.Tensor, cs: torch.Tensor, h: torch.Tensor, w: torch.Tensor,
+                  wci: torch.Tensor, wcf: torch.Tensor, wco: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        out = torch.ops.torchops.block_lstm_v2(s, x, cs, h, w, wci, wcf, wco, b, 0.0, True)
+        return out[6].sum() + out[1].sum()
+
+    args = gru_inputs(B=2, I=3, C=4, seed=60, requires_grad=True)
+    g = torch.autograd.grad(gru_loss(*args), args)
+    r, u, c, hn = ref_gru_cell(*args)
+    want = torch.autograd.grad((hn * hn).sum() + r.sum(), args)
+    for a, b in zip(g, want):
+        close(a, b)
+    args = lstm_inputs(B=2, I=3, C=4, T=3, seed=61, requires_grad=True)
+    g = torch.autograd.grad(lstm_loss(sl(3), *args), args)
+    ref = ref_block_lstm(*args, 0.0, 0.0, True, True)
+    want = torch.autograd.grad(ref[6].sum() + ref[1].sum(), args)
+    for a, b in zip(g, want):
+        close(a, b)
+
+
+def test_torchscript_functional_wrappers():
+    from torchops.functional import block_rnn as F
+    scripted = torch.jit.script(F.block_lstm)
+    args = lstm_inputs(B=2, I=3, C=4, T=3, seed=62)
+    x, cs, h, w, wci, wcf, wco, b = args
+    got = scripted(x, cs, h, w, b, wci, wcf, wco, 1.0, 0.5, True, 2)
+    for a, e in zip(got, ref_block_lstm(*args, 1.0, 0.5, True, False, L=2)):
+        close(a, e)
+    sg = torch.jit.script(F.block_gru)
+    gi = gru_inputs(B=2, I=3, C=4, T=3, seed=63)
+    for a, e in zip(sg(*gi), ref_block_gru(*gi)):
+        close(a, e)
+
+
+def test_python_autograd_functions_agree_with_cpp():
+    from torchops import autograd as A
+    g = torch.Generator().manual_seed(70)
+    cases = [
+        (A.GRUBlockCell.apply, ops.gru_block_cell, gru_inputs(B=2, I=3, C=4, seed=71, requires_grad=True), (), 4),
+        (A.BlockGRU.apply, ops.block_gru, gru_inputs(B=2, I=3, C=4, T=3, seed=72, requires_grad=True), (sl(2),), 4),
+        (A.LSTMBlockCell.apply, ops.lstm_block_cell, lstm_inputs(B=2, I=3, C=4, seed=73, requires_grad=True),
+         (), 7),
+        (A.BlockLSTM.apply, ops.block_lstm, lstm_inputs(B=2, I=3, C=4, T=3, seed=74, requires_grad=True),
+         (sl(3),), 7),
+        (A.BlockLSTMV2.apply, ops.block_lstm_v2, lstm_inputs(B=2, I=3, C=4, T=3, seed=75, requires_grad=True),
+         (sl(2),), 7),
+    ]
+    for py, cpp, args, pre, n in cases:
+        extra = (1.0, 0.5, True) if n == 7 and cpp is not ops.block_lstm_v2 else ((0.5, True) if n == 7 else ())
+        ups = [rnd(*o.shape, gen=g) for o in cpp(*pre, *args, *extra)]
+        for subset in (range(n), [n - 1]):
+            grads = []
+            for fn in (py, cpp):
+                out = fn(*pre, *args, *extra)
+                loss = sum((out[k] * ups[k]).sum() for k in subset)
+                grads.append(torch.autograd.grad(loss, args))
+            for a, b in zip(*grads):
+                close(a, b, rtol=0, atol=0)
+
+
+# ================================================================================================
+# CUDA parity (skipped without a GPU)
+# ================================================================================================
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+def test_cuda_parity_gru(dtype):
+    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+    args = gru_inputs(B=3, I=4, C=5, T=4, seed=80, scale=0.5)
+    cpu = [a.to(dtype).requires_grad_() for a in args]
+    gpu = [a.to(dtype).cuda().requires_grad_() for a in args]
+    oc = ops.block_gru(sl(3), *cpu)
+    og = ops.block_gru(sl(3), *gpu)
+    for a, b in zip(oc, og):
+        close(a.float(), b.float().cpu(), rtol=tol, atol=tol)
+    gc = torch.autograd.grad(sum(o.float().sum() for o in oc), cpu)
+    gg = torch.autograd.grad(sum(o.float().sum() for o in og), gpu)
+    for a, b in zip(gc, gg):
+        close(a.float(), b.float().cpu(), rtol=10 * tol, atol=10 * tol)
+    cell_c = ops.gru_block_cell(*[a[0] if k == 0 else a for k, a in enumerate(cpu)])
+    cell_g = ops.gru_block_cell(*[a[0] if k == 0 else a for k, a in enumerate(gpu)])
+    for a, b in zip(cell_c, cell_g):
+        close(a.float(), b.float().cpu(), rtol=tol, atol=tol)
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("use_peephole", [False, True])
+def test_cuda_parity_lstm(dtype, use_peephole):
+    tol = 1e-5 if dtype in (torch.float32, torch.float64) else 2e-2
+    args = lstm_inputs(B=3, I=4, C=5, T=4, seed=81, scale=0.5)
+    cpu = [a.to(dtype).requires_grad_() for a in args]
+    gpu = [a.to(dtype).cuda().requires_grad_() for a in args]
+    for op, attrs in ((ops.block_lstm, (1.0, 0.3, use_peephole)), (ops.block_lstm_v2, (0.3, use_peephole))):
+        oc = op(sl(3), *cpu, *attrs)
+        og = op(sl(3), *gpu, *attrs)  # seq_len_max stays a CPU tensor
+        for a, b in zip(oc, og):
+            close(a.float(), b.float().cpu(), rtol=tol, atol=tol)
+        gc = torch.autograd.grad(sum(o.float().sum() for o in oc), cpu)
+        gg = torch.autograd.grad(sum(o.float().sum() for o in og), gpu)
+        for a, b in zip(gc, gg):
+            close(a.float(), b.float().cpu(), rtol=10 * tol, atol=10 * tol)
+    cell = lambda ts: [a[0] if k == 0 else a for k, a in enumerate(ts)]  # noqa: E731
+    oc = ops.lstm_block_cell(*cell(cpu), 1.0, 0.3, use_peephole)
+    og = ops.lstm_block_cell(*cell(gpu), 1.0, 0.3, use_peephole)
+    for a, b in zip(oc, og):
+        close(a.float(), b.float().cpu(), rtol=tol, atol=tol)
+    # raw grad op on the device (peephole terms added once, rule 10f)
+    rc = ops.lstm_block_cell_grad(*[t.detach() for t in cell(cpu)], *[o.detach() for o in oc[:6]],
+                                  oc[1].detach(), oc[6].detach(), use_peephole)
+    rg = ops.lstm_block_cell_grad(*[t.detach() for t in cell(gpu)], *[o.detach() for o in og[:6]],
+                                  og[1].detach(), og[6].detach(), use_peephole)
+    for a, b in zip(rc, rg):
+        close(a.float(), b.float().cpu(), rtol=10 * tol, atol=10 * tol)
+
+
+def test_lstm_noncontiguous_inputs():
+    args = lstm_inputs(B=3, I=4, C=5, T=4, seed=90)
+    nc = [args[0].transpose(0, 1).contiguous().transpose(0, 1)] + [
+        a.T.contiguous().T if a.dim() == 2 else torch.stack([a, a], 1)[:, 0] for a in args[1:]]
+    assert not any(t.is_contiguous() for t in nc)
+    for a, b in zip(ops.block_lstm(sl(4), *nc, 1.0, 0.5, True), ref_block_lstm(*args, 1.0, 0.5, True, False)):
+        close(a, b)
+    cell = [nc[0][1]] + nc[1:]
+    assert not cell[0].is_contiguous()
+    for a, b in zip(ops.lstm_block_cell(*cell, 1.0, 0.5, True), ref_lstm_cell(args[0][1], *args[1:], 1.0, 0.5, True)):
+        close(a, b)
+    raw = ops.block_lstm_grad(sl(4), *nc, *ops.block_lstm(sl(4), *nc), nc[0].new_ones(4, 3, 5).transpose(1, 2)
+                              .contiguous().transpose(1, 2), torch.ones(4, 3, 5, dtype=F64), False)
+    ref = ops.block_lstm_grad(sl(4), *args, *ops.block_lstm(sl(4), *args), torch.ones(4, 3, 5, dtype=F64),
+                              torch.ones(4, 3, 5, dtype=F64), False)
+    for a, b in zip(raw, ref):
+        close(a, b)
+
+
+def test_sequences_longer_than_one_projection_chunk():
+    # B = 64: the input projections are computed 4 steps at a time; T = 10 and seq_len_max = 9 cross chunks.
+    args = lstm_inputs(B=64, I=3, C=2, T=10, seed=91)
+    for a, b in zip(ops.block_lstm_v2(sl(9), *args, 0.0, True), ref_block_lstm(*args, 0.0, 0.0, True, True, L=9)):
+        close(a, b)
+    args = gru_inputs(B=64, I=3, C=2, T=10, seed=92)
+    for a, b in zip(ops.block_gru(sl(9), *args), ref_block_gru(*args, L=9)):
+        close(a, b)
