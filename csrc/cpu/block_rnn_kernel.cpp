@@ -109,6 +109,7 @@ void lstm_backward_row(int64_t C, const T* __restrict i, const T* __restrict cs,
 // plain loop over the cell dimension, with restrict-qualified pointers and compile-time peephole /
 // gate-gradient switches, over the branch-free math of common/block_rnn_math.h so that it vectorizes.
 #include "block_rnn.h"
+#include "cpu/cpu_isa.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -137,14 +138,13 @@ template <typename T>
 using opm = at::opmath_type<T>;
 
 // Row kernels, compiled three times: for the baseline ISA, AVX2+FMA and AVX-512 (x86-64 with GCC),
-// picked at run time by what the CPU supports. The section below re-includes this file with
-// TORCHOPS_BRNN_ROW_KERNELS defined, which emits only the row kernels.
+// picked at run time by what the CPU supports (csrc/cpu/cpu_isa.h). The section below re-includes
+// this file with TORCHOPS_BRNN_ROW_KERNELS defined, which emits only the row kernels.
 namespace isa_base {
 #define TORCHOPS_BRNN_ROW_KERNELS
 #include "cpu/block_rnn_kernel.cpp"  // NOLINT(build/include): the row kernels above
 }  // namespace isa_base
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__)
-#define TORCHOPS_BRNN_MULTI_ISA 1
+#if TORCHOPS_MULTI_ISA
 #pragma GCC push_options
 #pragma GCC target("avx2,fma")
 namespace isa_avx2 {
@@ -160,20 +160,9 @@ namespace isa_avx512 {
 #endif
 #undef TORCHOPS_BRNN_ROW_KERNELS
 
-// 0: baseline, 1: AVX2 + FMA, 2: AVX-512.
-int isa_level() {
-#ifdef TORCHOPS_BRNN_MULTI_ISA
-  static const int level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-                                   __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
-                               ? 2
-                               : (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 1 : 0);
-  return level;
-#else
-  return 0;
-#endif
-}
+using cpu::isa_level;
 
-#ifdef TORCHOPS_BRNN_MULTI_ISA
+#if TORCHOPS_MULTI_ISA
 #define TORCHOPS_PICK(...) \
   (isa_level() == 2 ? &isa_avx512::__VA_ARGS__ : isa_level() == 1 ? &isa_avx2::__VA_ARGS__ : &isa_base::__VA_ARGS__)
 #else

@@ -1,28 +1,346 @@
-// CPU registration of FusedBatchNormV3 / FusedBatchNormGradV3: the kernels of
-// fused_batch_norm_kernel_impl.h, baseline build here, AVX2 build in fused_batch_norm_kernel_avx2.cpp.
+#ifdef TORCHOPS_FBN_ISA_SECTION
+// ---- kernels, compiled once per instruction set (included by the registration section below) ----
+constexpr int64_t kRowBlock = 256;  // rows accumulated in U before flushing to double
+
+// 32-byte SIMD vectors through GCC/Clang vector extensions: explicit lanes without intrinsics, so
+// the same code is SSE2 on a baseline build and AVX on a wider one.
+template <typename U>
+struct Simd {
+  typedef U V __attribute__((vector_size(32)));
+  static constexpr int kWidth = 32 / sizeof(U);
+
+  template <typename T>
+  static inline V load(const T* p) {
+    V v;
+    if constexpr (std::is_same_v<T, U>) {
+      std::memcpy(&v, p, sizeof(V));
+    } else {
+      for (int j = 0; j < kWidth; ++j) v[j] = static_cast<U>(p[j]);
+    }
+    return v;
+  }
+  static inline U hsum(V v) {
+    U s = 0;
+    for (int j = 0; j < kWidth; ++j) s += v[j];
+    return s;
+  }
+};
+
+// sum(x) and sum((x - mean)^2) over a run, in U with two vector accumulators each.
+template <typename T, typename U>
+inline U sum_run(const T* p, int64_t len) {
+  using S = Simd<U>;
+  constexpr int W = S::kWidth;
+  typename S::V a0 = {}, a1 = {};
+  int64_t i = 0;
+  for (; i + 2 * W <= len; i += 2 * W) {
+    a0 += S::load(p + i);
+    a1 += S::load(p + i + W);
+  }
+  U s = S::hsum(a0 + a1);
+  for (; i < len; ++i) s += static_cast<U>(p[i]);
+  return s;
+}
+
+template <typename T, typename U>
+inline U sum_sq_dev_run(const T* p, int64_t len, U mean) {
+  using S = Simd<U>;
+  constexpr int W = S::kWidth;
+  typename S::V a0 = {}, a1 = {};
+  int64_t i = 0;
+  for (; i + 2 * W <= len; i += 2 * W) {
+    const auto d0 = S::load(p + i) - mean, d1 = S::load(p + i + W) - mean;
+    a0 += d0 * d0;
+    a1 += d1 * d1;
+  }
+  U s = S::hsum(a0 + a1);
+  for (; i < len; ++i) {
+    const U d = static_cast<U>(p[i]) - mean;
+    s += d * d;
+  }
+  return s;
+}
+
+// sum(dy) and sum(dy * (x - mu)) over a run.
+template <typename T, typename U>
+inline void grad_sums_run(const T* dy, const T* x, int64_t len, U mu, U& s_dy, U& s_dyxc) {
+  using S = Simd<U>;
+  constexpr int W = S::kWidth;
+  typename S::V a = {}, b = {};
+  int64_t i = 0;
+  for (; i + W <= len; i += W) {
+    const auto g = S::load(dy + i);
+    a += g;
+    b += g * (S::load(x + i) - mu);
+  }
+  U sa = S::hsum(a), sb = S::hsum(b);
+  for (; i < len; ++i) {
+    const U g = static_cast<U>(dy[i]);
+    sa += g;
+    sb += g * (static_cast<U>(x[i]) - mu);
+  }
+  s_dy = sa;
+  s_dyxc = sb;
+}
+
+// Channels-last reductions: out[k][c] (k = 0..nk-1) = sum over rows of f(row, c), computed by
+// `accumulate(row_ptr_index, block_buffers...)`. Splits rows into one chunk per thread; the caller
+// adds the per-chunk double partials in chunk order (deterministic for a given thread count).
+template <typename F>
+std::vector<double> row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchunks, const F& block_sum) {
+  nchunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (rows + kRowBlock - 1) / kRowBlock));
+  std::vector<double> partial(static_cast<size_t>(nchunks * nk * channels), 0.0);
+  const int64_t per = (rows + nchunks - 1) / nchunks;
+  at::parallel_for(0, nchunks, 1, [&](int64_t k0, int64_t k1) {
+    for (int64_t k = k0; k < k1; ++k) {
+      const int64_t r0 = k * per, r1 = std::min(rows, r0 + per);
+      double* out = partial.data() + k * nk * channels;
+      for (int64_t r = r0; r < r1; r += kRowBlock) block_sum(r, std::min(r1, r + kRowBlock), out);
+    }
+  });
+  return partial;
+}
+
+template <typename T, typename U>
+void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* offset, U eps, T* y, U* mean_out,
+                         U* var_out) {
+  const int64_t C = L.channels, inner = L.inner, outer = L.outer, n = L.n();
+  if (inner > 1) {
+    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double s = 0;
+        for (int64_t o = 0; o < outer; ++o) s += sum_run<T, U>(x + (o * C + c) * inner, inner);
+        const U mean = static_cast<U>(s / n);
+        double q = 0;
+        for (int64_t o = 0; o < outer; ++o) q += sum_sq_dev_run<T, U>(x + (o * C + c) * inner, inner, mean);
+        const U var = static_cast<U>(q / n);
+        mean_out[c] = mean;
+        var_out[c] = var;
+        const U alpha = inv_std(var, eps) * scale[c], off = offset[c];
+        for (int64_t o = 0; o < outer; ++o) {
+          const T* xp = x + (o * C + c) * inner;
+          T* yp = y + (o * C + c) * inner;
+          for (int64_t i = 0; i < inner; ++i) yp[i] = static_cast<T>(normalize(static_cast<U>(xp[i]), mean, alpha, off));
+        }
+      }
+    });
+    return;
+  }
+  // Channels-last: one reduction pass of sums shifted by the first row (K), then the row pass:
+  //   mean = K + S1/n,  var = S2/n - (S1/n)^2  with S1 = sum(x-K), S2 = sum((x-K)^2).
+  // Shifting by a sample of the data keeps the difference well conditioned; totals are in double.
+  int64_t nchunks = 0;
+  std::vector<U> shift(C), mean(C), alpha(C);
+  for (int64_t c = 0; c < C; ++c) shift[c] = static_cast<U>(x[c]);
+  auto sums = row_partials(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, double* out) {
+    std::vector<U> s1(C, U(0)), s2(C, U(0));
+    const U* k = shift.data();
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = x + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const U d = static_cast<U>(row[c]) - k[c];
+        s1[c] += d;
+        s2[c] += d * d;
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) out[c] += s1[c], out[C + c] += s2[c];
+  });
+  for (int64_t c = 0; c < C; ++c) {
+    double s1 = 0, s2 = 0;
+    for (int64_t k = 0; k < nchunks; ++k) s1 += sums[2 * k * C + c], s2 += sums[2 * k * C + C + c];
+    const double d = s1 / n;
+    const U var = static_cast<U>(std::max(s2 / n - d * d, 0.0));
+    mean[c] = static_cast<U>(shift[c] + d);
+    mean_out[c] = mean[c];
+    var_out[c] = var;
+    alpha[c] = inv_std(var, eps) * scale[c];
+  }
+  at::parallel_for(0, outer, std::max<int64_t>(1, 16384 / C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = x + r * C;
+      T* out = y + r * C;
+      for (int64_t c = 0; c < C; ++c) out[c] = static_cast<T>(normalize(static_cast<U>(row[c]), mean[c], alpha[c], offset[c]));
+    }
+  });
+}
+
+// y = normalize(x) with per-channel (mean, alpha, offset); elementwise over the whole tensor.
+template <typename T, typename U>
+void normalize_all(const Layout& L, const T* x, const U* mean, const U* alpha, const U* offset, T* y) {
+  const int64_t C = L.channels, inner = L.inner;
+  if (inner > 1) {
+    at::parallel_for(0, L.outer * C, std::max<int64_t>(1, 16384 / inner), [&](int64_t k0, int64_t k1) {
+      for (int64_t k = k0; k < k1; ++k) {
+        const int64_t c = k % C;
+        const T* xp = x + k * inner;
+        T* yp = y + k * inner;
+        const U m = mean[c], a = alpha[c], o = offset[c];
+        for (int64_t i = 0; i < inner; ++i) yp[i] = static_cast<T>(normalize(static_cast<U>(xp[i]), m, a, o));
+      }
+    });
+    return;
+  }
+  at::parallel_for(0, L.outer, std::max<int64_t>(1, 16384 / C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* row = x + r * C;
+      T* out = y + r * C;
+      for (int64_t c = 0; c < C; ++c) out[c] = static_cast<T>(normalize(static_cast<U>(row[c]), mean[c], alpha[c], offset[c]));
+    }
+  });
+}
+
+template <typename T, typename U>
+void backward_typed(const Layout& L, const T* dy, const T* x, const U* scale, const U* mu, const U* var, U eps,
+                    bool training, T* dx, U* dscale, U* doffset) {
+  const int64_t C = L.channels, inner = L.inner, outer = L.outer, n = L.n();
+  if (inner > 1) {
+    at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
+      for (int64_t c = c0; c < c1; ++c) {
+        double s_dy = 0, s_dyxc = 0;
+        for (int64_t o = 0; o < outer; ++o) {
+          U a, b;
+          const int64_t off = (o * C + c) * inner;
+          grad_sums_run<T, U>(dy + off, x + off, inner, mu[c], a, b);
+          s_dy += a, s_dyxc += b;
+        }
+        const GradCoefs<U> g = grad_coefs<U>(scale[c], var[c], eps, static_cast<U>(s_dy), static_cast<U>(s_dyxc), n, training);
+        doffset[c] = static_cast<U>(s_dy);
+        dscale[c] = static_cast<U>(s_dyxc) * inv_std(var[c], eps);
+        const U m = mu[c];
+        for (int64_t o = 0; o < outer; ++o) {
+          const int64_t off = (o * C + c) * inner;
+          const T* gp = dy + off;
+          const T* xp = x + off;
+          T* out = dx + off;
+          for (int64_t i = 0; i < inner; ++i)
+            out[i] = static_cast<T>(grad_input(static_cast<U>(gp[i]), static_cast<U>(xp[i]), m, g));
+        }
+      }
+    });
+    return;
+  }
+  int64_t nchunks = 0;
+  auto sums = row_partials(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, double* out) {
+    std::vector<U> a(C, U(0)), b(C, U(0));
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* g = dy + r * C;
+      const T* xr = x + r * C;
+      for (int64_t c = 0; c < C; ++c) {
+        const U gv = static_cast<U>(g[c]);
+        a[c] += gv;
+        b[c] += gv * (static_cast<U>(xr[c]) - mu[c]);
+      }
+    }
+    for (int64_t c = 0; c < C; ++c) out[c] += a[c], out[C + c] += b[c];
+  });
+  std::vector<GradCoefs<U>> coefs(C);
+  for (int64_t c = 0; c < C; ++c) {
+    double s_dy = 0, s_dyxc = 0;
+    for (int64_t k = 0; k < nchunks; ++k) s_dy += sums[2 * k * C + c], s_dyxc += sums[2 * k * C + C + c];
+    coefs[c] = grad_coefs<U>(scale[c], var[c], eps, static_cast<U>(s_dy), static_cast<U>(s_dyxc), n, training);
+    doffset[c] = static_cast<U>(s_dy);
+    dscale[c] = static_cast<U>(s_dyxc) * inv_std(var[c], eps);
+  }
+  at::parallel_for(0, outer, std::max<int64_t>(1, 16384 / C), [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const T* g = dy + r * C;
+      const T* xr = x + r * C;
+      T* out = dx + r * C;
+      for (int64_t c = 0; c < C; ++c)
+        out[c] = static_cast<T>(grad_input(static_cast<U>(g[c]), static_cast<U>(xr[c]), mu[c], coefs[c]));
+    }
+  });
+}
+
+void train_forward_cpu(const Layout& L, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                       double eps, at::Tensor& y, at::Tensor& mean_out, at::Tensor& var_out) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fused_batch_norm_v3_cpu", [&] {
+    using U = at::opmath_type<scalar_t>;
+    train_forward_typed<scalar_t, U>(L, x.const_data_ptr<scalar_t>(), scale.const_data_ptr<U>(),
+                                     offset.const_data_ptr<U>(), static_cast<U>(eps), y.mutable_data_ptr<scalar_t>(),
+                                     mean_out.mutable_data_ptr<U>(), var_out.mutable_data_ptr<U>());
+  });
+}
+
+void infer_forward_cpu(const Layout& L, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                       const at::Tensor& mean, const at::Tensor& var, double eps, at::Tensor& y) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fused_batch_norm_v3_cpu", [&] {
+    using U = at::opmath_type<scalar_t>;
+    const U* s = scale.const_data_ptr<U>();
+    const U* v = var.const_data_ptr<U>();
+    std::vector<U> alpha(L.channels);
+    for (int64_t c = 0; c < L.channels; ++c) alpha[c] = inv_std(v[c], static_cast<U>(eps)) * s[c];
+    normalize_all<scalar_t, U>(L, x.const_data_ptr<scalar_t>(), mean.const_data_ptr<U>(), alpha.data(),
+                               offset.const_data_ptr<U>(), y.mutable_data_ptr<scalar_t>());
+  });
+}
+
+void backward_cpu(const Layout& L, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
+                  const at::Tensor& mu, const at::Tensor& var, double eps, bool training, at::Tensor& dx,
+                  at::Tensor& dscale, at::Tensor& doffset) {
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, x.scalar_type(), "fused_batch_norm_grad_v3_cpu", [&] {
+    using U = at::opmath_type<scalar_t>;
+    backward_typed<scalar_t, U>(L, dy.const_data_ptr<scalar_t>(), x.const_data_ptr<scalar_t>(),
+                                scale.const_data_ptr<U>(), mu.const_data_ptr<U>(), var.const_data_ptr<U>(),
+                                static_cast<U>(eps), training, dx.mutable_data_ptr<scalar_t>(),
+                                dscale.mutable_data_ptr<U>(), doffset.mutable_data_ptr<U>());
+  });
+}
+
+const Kernels& kernels() {
+  static const Kernels k{train_forward_cpu, infer_forward_cpu, backward_cpu};
+  return k;
+}
+
+#else  // TORCHOPS_FBN_ISA_SECTION
+// CPU kernels of FusedBatchNormV3 / FusedBatchNormGradV3, compiled for the baseline ISA and for
+// AVX2+FMA (this file re-includes its kernel section; see csrc/cpu/cpu_isa.h) and picked at run time.
+//
+// Two loop orders, both reading memory front to back:
+//  * channels-first ([N, C, spatial], inner > 1): one task per channel; the channel's runs are summed,
+//    then normalised while still in cache (one trip to memory for statistics + output).
+//  * channels-last ([rows, C], inner == 1): each thread accumulates per-channel partial sums over a
+//    block of rows (inner loop over contiguous channels), partials are combined, then a row pass.
+// Sums run in SIMD accumulators of U and are flushed into double totals per run / row block, which
+// keeps float32 statistics accurate over millions of elements.
+#include "common/fused_batch_norm_math.h"
 #include "cpu/cpu_isa.h"
+#include "fused_batch_norm.h"
 
-#define TORCHOPS_CPU_ISA base
-#include "cpu/fused_batch_norm_kernel_impl.h"
-#undef TORCHOPS_CPU_ISA
-
+#include <ATen/Dispatch.h>
+#include <ATen/OpMathType.h>
+#include <ATen/Parallel.h>
 #include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
 namespace torchops {
 namespace fbn {
-#if TORCHOPS_HAVE_AVX2_BUILD
-namespace avx2 {
-const Kernels& kernels();
-}
-#endif
-
 namespace {
 
-const Kernels& cpu_kernels() {
-#if TORCHOPS_HAVE_AVX2_BUILD
-  if (cpu::has_avx2()) return avx2::kernels();
+namespace isa_base {
+#define TORCHOPS_FBN_ISA_SECTION
+#include "cpu/fused_batch_norm_kernel.cpp"  // NOLINT(build/include): the kernel section above
+}  // namespace isa_base
+#if TORCHOPS_MULTI_ISA
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+namespace isa_avx2 {
+#include "cpu/fused_batch_norm_kernel.cpp"  // NOLINT(build/include)
+}  // namespace isa_avx2
+#pragma GCC pop_options
 #endif
-  return base::kernels();
+#undef TORCHOPS_FBN_ISA_SECTION
+
+// 32-byte vectors gain nothing from AVX-512, so level 2 uses the AVX2 build.
+const Kernels& cpu_kernels() {
+#if TORCHOPS_MULTI_ISA
+  if (cpu::isa_level() >= 1) return isa_avx2::kernels();
+#endif
+  return isa_base::kernels();
 }
 
 ForwardResult fused_batch_norm_v3_cpu(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
@@ -48,3 +366,4 @@ TORCH_LIBRARY_IMPL(torchops, CPU, m) {
   m.impl("fused_batch_norm_v3", &torchops::fbn::fused_batch_norm_v3_cpu);
   m.impl("fused_batch_norm_grad_v3", &torchops::fbn::fused_batch_norm_grad_v3_cpu);
 }
+#endif  // TORCHOPS_FBN_ISA_SECTION
