@@ -1,0 +1,441 @@
+// The shared batch scheduler behind torchops::batch (spec §3, §4).
+#include "batching/batching.h"
+
+#include <ATen/core/LegacyTypeDispatch.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/ArrayRef.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <random>
+#include <sstream>
+
+namespace torchops {
+namespace batching {
+
+namespace {
+constexpr size_t kWaitSamples = 8192;
+
+std::string error_text(const std::exception& e) {
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
+  return e.what();
+}
+
+std::string sizes_str(const at::Tensor& t) {
+  std::ostringstream ss;
+  ss << t.sizes();
+  return ss.str();
+}
+}  // namespace
+
+int64_t new_id() {
+  thread_local std::mt19937_64 gen([] {
+    std::random_device rd;
+    uint64_t seed = (static_cast<uint64_t>(rd()) << 32) ^ rd();
+    seed ^= static_cast<uint64_t>(std::hash<std::thread::id>()(std::this_thread::get_id()));
+    seed ^= static_cast<uint64_t>(Clock::now().time_since_epoch().count());
+    return seed;
+  }());
+  return static_cast<int64_t>(gen());
+}
+
+void validate_options(const BatchOptions& o) {
+  const auto& a = o.allowed_batch_sizes;
+  if (!a.empty()) {
+    for (size_t i = 1; i < a.size(); ++i) {
+      TORCH_CHECK_VALUE(a[i] > a[i - 1], "allowed_batch_sizes entries must be monotonically increasing; got ", c10::IntArrayRef(a));
+    }
+    TORCH_CHECK_VALUE(a.back() == o.max_batch_size,
+                      "final entry in allowed_batch_sizes must equal max_batch_size; got allowed_batch_sizes ", c10::IntArrayRef(a),
+                      " and max_batch_size ", o.max_batch_size);
+  }
+  TORCH_CHECK_VALUE(o.num_batch_threads >= 1, "num_batch_threads must be positive; was ", o.num_batch_threads);
+  TORCH_CHECK_VALUE(o.max_batch_size >= 1, "input_batch_size_limit must be positive; was ", o.max_batch_size,
+                    " (max_batch_size)");
+  TORCH_CHECK_VALUE(o.batch_timeout_micros >= 0, "batch_timeout_micros must be non-negative; was ",
+                    o.batch_timeout_micros);
+  TORCH_CHECK_VALUE(o.max_enqueued_batches >= 0, "max_enqueued_batches must be non-negative; was ",
+                    o.max_enqueued_batches);
+  TORCH_CHECK_VALUE(o.grad_timeout_micros >= 0, "grad_timeout_micros must be non-negative; was ",
+                    o.grad_timeout_micros);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Statistics
+
+void QueueStats::add_wait(double us) {
+  ++wait_count;
+  wait_total_us += us;
+  wait_max_us = std::max(wait_max_us, us);
+  if (wait_samples_us.size() < kWaitSamples) {
+    wait_samples_us.push_back(static_cast<float>(us));
+  } else {
+    wait_samples_us[wait_next] = static_cast<float>(us);
+    wait_next = (wait_next + 1) % kWaitSamples;
+  }
+}
+
+std::string QueueStats::to_json() const {
+  std::ostringstream ss;
+  ss.precision(10);
+  auto pct = [&](double p) -> double {
+    if (wait_samples_us.empty()) return 0.0;
+    std::vector<float> v(wait_samples_us);
+    const size_t k = std::min(v.size() - 1, static_cast<size_t>(std::floor(p * (v.size() - 1) + 0.5)));
+    std::nth_element(v.begin(), v.begin() + k, v.end());
+    return v[k];
+  };
+  ss << "{\"tasks\": " << tasks << ", \"batches_formed\": " << batches_formed
+     << ", \"batches_failed\": " << batches_failed << ", \"rows\": " << rows << ", \"padding_rows\": " << padding_rows
+     << ", \"batch_size_histogram\": {";
+  bool first = true;
+  for (const auto& [size, count] : batch_size_histogram) {
+    ss << (first ? "" : ", ") << "\"" << size << "\": " << count;
+    first = false;
+  }
+  ss << "}, \"rejections\": {";
+  first = true;
+  for (const auto& [reason, count] : rejections) {
+    ss << (first ? "" : ", ") << "\"" << reason << "\": " << count;
+    first = false;
+  }
+  ss << "}, \"queue_wait_us\": {\"count\": " << wait_count << ", \"total\": " << wait_total_us
+     << ", \"max\": " << wait_max_us << ", \"mean\": " << (wait_count ? wait_total_us / wait_count : 0.0)
+     << ", \"p50\": " << pct(0.5) << ", \"p99\": " << pct(0.99) << "}}";
+  return ss.str();
+}
+
+// ---------------------------------------------------------------------------------------------
+// Scheduler state
+
+struct Task {
+  std::vector<at::Tensor> inputs;
+  int64_t size = 0;
+  int64_t id = 0;
+  Clock::time_point enqueued;
+  // completion (guarded by mu)
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  bool holder = false;
+  std::vector<at::Tensor> batched;
+  at::Tensor index;
+  std::string error;
+};
+
+struct Batch {
+  std::vector<std::shared_ptr<Task>> tasks;
+  int64_t size = 0;
+  Clock::time_point start;
+};
+
+struct Queue {
+  std::string name;
+  std::deque<std::shared_ptr<Batch>> batches;  // back() is the open batch
+  QueueStats stats;
+};
+
+struct BatchState {
+  BatchOptions opts;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool closed = false;
+  std::map<std::string, std::unique_ptr<Queue>> queues;
+  std::vector<Queue*> order;  // round-robin order (creation order)
+  size_t cursor = 0;
+  int live_workers = 0;
+  std::atomic<bool> workers_gone{false};
+
+  Queue& queue_locked(const std::string& name) {
+    auto it = queues.find(name);
+    if (it != queues.end()) return *it->second;
+    auto q = std::make_unique<Queue>();
+    q->name = name;
+    q->batches.push_back(std::make_shared<Batch>());
+    Queue* raw = q.get();
+    queues.emplace(name, std::move(q));
+    order.push_back(raw);
+    return *raw;
+  }
+};
+
+namespace {
+
+void complete(Task& t, bool holder, std::vector<at::Tensor> batched, at::Tensor index, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lk(t.mu);
+    t.done = true;
+    t.holder = holder;
+    t.batched = std::move(batched);
+    t.index = std::move(index);
+    t.error = error;
+  }
+  t.cv.notify_all();
+}
+
+// Concatenates (and pads) one batch and releases its tasks. Runs on a worker thread, no lock held.
+void process_batch(BatchState& s, Queue& q, Batch& b) {
+  const auto started = Clock::now();
+  const auto& tasks = b.tasks;
+  const int64_t k = static_cast<int64_t>(tasks.size());
+  const int64_t n = b.size;
+  int64_t padded = n;
+  for (int64_t a : s.opts.allowed_batch_sizes) {
+    if (a >= n) {
+      padded = a;
+      break;
+    }
+  }
+  std::vector<at::Tensor> outs;
+  at::Tensor index;
+  std::string error;
+  try {
+    // Never record autograd history here: the autograd of batch lives at the Autograd key.
+    at::AutoDispatchBelowADInplaceOrView guard;
+    const auto& first = tasks[0]->inputs;
+    const size_t arity = first.size();
+    for (int64_t j = 1; j < k; ++j) {
+      const auto& in = tasks[j]->inputs;
+      TORCH_CHECK(in.size() == arity,
+                  "Batching invocations of one batch must pass the same number of in_tensors; invocation 0 passed ",
+                  arity, " and invocation ", j, " passed ", in.size());
+    }
+    for (size_t i = 0; i < arity; ++i) {
+      const at::Tensor& ref = first[i];
+      std::vector<at::Tensor> parts;
+      parts.reserve(k + 1);
+      for (int64_t j = 0; j < k; ++j) {
+        const at::Tensor& t = tasks[j]->inputs[i];
+        TORCH_CHECK(t.scalar_type() == ref.scalar_type(),
+                    "Dtypes of inputs should match: in_tensors[", i, "] of invocation 0 has dtype ", ref.scalar_type(),
+                    " but invocation ", j, " has dtype ", t.scalar_type());
+        TORCH_CHECK(t.device() == ref.device(), "Devices of inputs should match: in_tensors[", i,
+                    "] of invocation 0 is on ", ref.device(), " but invocation ", j, " is on ", t.device());
+        TORCH_CHECK(t.dim() == ref.dim(), "Ranks of all input tensors should match: in_tensors[", i,
+                    "] of invocation 0 has shape ", sizes_str(ref), " but invocation ", j, " has shape ",
+                    sizes_str(t));
+        TORCH_CHECK(t.sizes().slice(1) == ref.sizes().slice(1),
+                    "Dimensions of inputs should match: in_tensors[", i, "] of invocation 0 has shape ",
+                    sizes_str(ref), " but invocation ", j, " has shape ", sizes_str(t),
+                    " (all dimensions but the 0th must be equal)");
+        parts.push_back(t);
+      }
+      if (padded > n) {
+        std::vector<int64_t> shape(ref.sizes().begin(), ref.sizes().end());
+        shape[0] = padded - n;
+        parts.push_back(ref.narrow(0, 0, 1).expand(shape));
+      }
+      outs.push_back(k == 1 && padded == n ? ref.contiguous().clone() : at::cat(parts, 0));
+    }
+    index = at::empty({k, 3}, at::TensorOptions().dtype(at::kLong));
+    auto* p = index.data_ptr<int64_t>();
+    int64_t offset = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      p[3 * j] = tasks[j]->id;
+      p[3 * j + 1] = offset;
+      offset += tasks[j]->size;
+      p[3 * j + 2] = offset;
+    }
+  } catch (const std::exception& e) {
+    error = error_text(e);
+  }
+  {
+    std::lock_guard<std::mutex> lk(s.mu);
+    auto& st = q.stats;
+    ++st.batches_formed;
+    if (!error.empty()) {
+      ++st.batches_failed;
+    } else {
+      ++st.batch_size_histogram[padded];
+      st.padding_rows += padded - n;
+      st.rows += n;
+    }
+    for (const auto& t : tasks)
+      st.add_wait(std::chrono::duration<double, std::micro>(started - t->enqueued).count());
+  }
+  for (int64_t j = 0; j < k; ++j) {
+    const bool holder = j == k - 1;
+    if (!error.empty()) {
+      complete(*tasks[j], false, {}, at::Tensor(), error);
+    } else if (holder) {
+      complete(*tasks[j], true, std::move(outs), index, "");
+    } else {
+      complete(*tasks[j], false, {}, at::Tensor(), "");
+    }
+  }
+}
+
+void worker_loop(std::shared_ptr<BatchState> s) {
+  std::unique_lock<std::mutex> lk(s->mu);
+  const auto timeout = std::chrono::microseconds(s->opts.batch_timeout_micros);
+  while (true) {
+    const auto now = Clock::now();
+    auto next_wake = now + std::chrono::milliseconds(100);
+    std::shared_ptr<Batch> batch;
+    Queue* from = nullptr;
+    const size_t nq = s->order.size();
+    for (size_t i = 0; i < nq && !batch; ++i) {
+      Queue* q = s->order[(s->cursor + i) % nq];
+      auto& d = q->batches;
+      if (d.size() >= 2) {
+        batch = d.front();
+        d.pop_front();
+      } else if (d.size() == 1 && d.front()->size > 0) {
+        const auto& open = d.front();
+        const auto due = open->start + timeout;
+        if (s->closed || open->size >= s->opts.max_batch_size || now >= due) {
+          batch = open;
+          d.pop_front();
+          d.push_back(std::make_shared<Batch>());
+        } else {
+          next_wake = std::min(next_wake, due);
+        }
+      }
+      if (batch) {
+        from = q;
+        s->cursor = (s->cursor + i + 1) % nq;
+      }
+    }
+    if (batch) {
+      lk.unlock();
+      process_batch(*s, *from, *batch);
+      batch.reset();
+      lk.lock();
+      continue;
+    }
+    if (s->closed) break;  // closed and nothing left: every queued batch was flushed
+    s->cv.wait_until(lk, next_wake);
+  }
+  if (--s->live_workers == 0) s->workers_gone = true;
+  lk.unlock();
+  s->cv.notify_all();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// BatchResource
+
+BatchResource::BatchResource(const BatchOptions& o) : options_(o), state_(std::make_shared<BatchState>()) {
+  state_->opts = o;
+  state_->live_workers = static_cast<int>(o.num_batch_threads);
+  workers_.reserve(o.num_batch_threads);
+  for (int64_t i = 0; i < o.num_batch_threads; ++i) workers_.emplace_back(worker_loop, state_);
+}
+
+BatchResource::~BatchResource() {
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    state_->closed = true;
+  }
+  state_->cv.notify_all();
+  // Never block in a destructor: the workers own a reference to the state, flush and exit alone.
+  for (auto& w : workers_)
+    if (w.joinable()) w.detach();
+}
+
+void BatchResource::close(bool wait) {
+  std::unique_lock<std::mutex> lk(state_->mu);
+  state_->closed = true;
+  state_->cv.notify_all();
+  if (wait) {
+    // Flushing is bounded work (concatenations); give up waiting after a generous deadline.
+    state_->cv.wait_for(lk, std::chrono::seconds(10), [&] { return state_->live_workers == 0; });
+  }
+  const bool all_gone = state_->live_workers == 0;
+  lk.unlock();
+  for (auto& w : workers_) {
+    if (!w.joinable()) continue;
+    if (all_gone)
+      w.join();  // returns at once: the loop has exited
+    else
+      w.detach();
+  }
+}
+
+BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string& queue_name) {
+  auto task = std::make_shared<Task>();
+  task->size = inputs[0].size(0);
+  task->id = new_id();
+  task->inputs = std::move(inputs);
+  const int64_t max_size = options_.max_batch_size;
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    TORCH_CHECK(!state_->closed, "Batch: the batching resource is closed (torchops.batching.close_all() was called "
+                "or the process is exiting); no new tasks are accepted");
+    Queue& q = state_->queue_locked(queue_name);
+    if (task->size > max_size) {
+      ++q.stats.rejections["task_too_large"];
+      TORCH_CHECK_VALUE(false, "Task size ", task->size, " is larger than maximum input batch size ", max_size);
+    }
+    auto open = q.batches.back();
+    if (open->size + task->size > max_size) {
+      const int64_t limit = std::max<int64_t>(1, options_.max_enqueued_batches);
+      if (static_cast<int64_t>(q.batches.size()) >= limit) {
+        ++q.stats.rejections["queue_full"];
+        TORCH_CHECK(false, "Batch scheduling queue is full; currently ", q.batches.size(),
+                    " batches enqueued and max_enqueued_batches is ", options_.max_enqueued_batches);
+      }
+      q.batches.push_back(std::make_shared<Batch>());
+      open = q.batches.back();
+    }
+    task->enqueued = Clock::now();
+    if (open->tasks.empty()) open->start = task->enqueued;
+    open->tasks.push_back(task);
+    open->size += task->size;
+    ++q.stats.tasks;
+  }
+  state_->cv.notify_all();
+
+  std::unique_lock<std::mutex> tl(task->mu);
+  while (!task->done) {
+    if (state_->workers_gone.load() && !task->done) {
+      // Cannot happen in normal operation (workers flush before exiting); never hang regardless.
+      TORCH_CHECK(false, "Batch: the batching resource was closed before this task was processed");
+    }
+    task->cv.wait_for(tl, std::chrono::milliseconds(100));
+  }
+  TORCH_CHECK(task->error.empty(), task->error);
+  BatchOutput out;
+  out.id = task->id;
+  if (task->holder) {
+    out.batched = std::move(task->batched);
+    out.batch_index = std::move(task->index);
+  } else {
+    out.batched.reserve(task->inputs.size());
+    for (const auto& t : task->inputs) {
+      std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+      shape[0] = 0;
+      out.batched.push_back(at::empty(shape, t.options()));
+    }
+    out.batch_index = at::empty({0, 3}, at::TensorOptions().dtype(at::kLong));
+  }
+  return out;
+}
+
+std::string BatchResource::stats_json(const std::string& queue_name) {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  auto it = state_->queues.find(queue_name);
+  if (it == state_->queues.end()) return "";
+  return it->second->stats.to_json();
+}
+
+void BatchResource::record_rejection(const std::string& queue_name, const std::string& reason) {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  if (state_->closed) return;
+  ++state_->queue_locked(queue_name).stats.rejections[reason];
+}
+
+std::vector<std::string> BatchResource::queue_names() {
+  std::lock_guard<std::mutex> lk(state_->mu);
+  std::vector<std::string> names;
+  for (const auto& kv : state_->queues) names.push_back(kv.first);
+  return names;
+}
+
+}  // namespace batching
+}  // namespace torchops
