@@ -5,5 +5,6 @@ default) and hold no math of their own; they exist for users who want the docume
 forward/backward pair as an explicit Python Function.
 """
 from .fused_batch_norm import FusedBatchNormV3
+from .batching import Batch, Unbatch
 
-__all__ = ["FusedBatchNormV3"]
+__all__ = ["FusedBatchNormV3", "Batch", "Unbatch"]
