@@ -37,6 +37,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
     at::TensorList in_tensors, int64_t num_batch_threads, int64_t max_batch_size, int64_t batch_timeout_micros,
     int64_t grad_timeout_micros, int64_t max_enqueued_batches, at::IntArrayRef allowed_batch_sizes,
     c10::string_view container, c10::string_view shared_name, c10::string_view batching_queue) {
+  InFlight in_flight;
   BatchOptions o;
   o.num_batch_threads = num_batch_threads;
   o.max_batch_size = max_batch_size;
@@ -80,6 +81,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
 // Validation in TF's order (spec §5.1), then the sequential split.
 at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& batch_index, const at::Tensor& id,
                           int64_t timeout_micros, c10::string_view container, c10::string_view shared_name) {
+  InFlight in_flight;
   TORCH_CHECK_VALUE(batched_tensor.dim() >= 1, "Unbatch: batched_tensor must have at least one dimension, got shape ",
                     batched_tensor.sizes());
   const int64_t d0 = batched_tensor.size(0);
@@ -128,6 +130,7 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
 at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tensor& batch_index, const at::Tensor& grad,
                                const at::Tensor& id, c10::string_view container, c10::string_view shared_name,
                                int64_t timeout_micros) {
+  InFlight in_flight;
   TORCH_CHECK_VALUE(id.dim() == 0, "Expected `id` to be scalar. Received ", debug_string(id));
   TORCH_CHECK_VALUE(grad.dim() >= 1, "UnbatchGrad: grad must have at least one dimension, got shape ", grad.sizes());
   TORCH_CHECK_VALUE(batch_index.scalar_type() == at::kLong, "UnbatchGrad: batch_index must be int64, got ",
@@ -145,7 +148,9 @@ std::string batching_stats(c10::string_view container, c10::string_view shared_n
 
 std::string batching_list_queues() { return list_queues_json(); }
 
-void batching_close_all() { close_all(); }
+void batching_close_all(bool shutdown) { close_all(shutdown); }
+
+int64_t batching_in_flight() { return in_flight(); }
 
 void unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::string_view container,
                   c10::string_view shared_name) {
@@ -179,7 +184,8 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
   m.def("_batching_stats(str container, str shared_name, str batching_queue) -> str",
         &torchops::batching::batching_stats);
   m.def("_batching_list_queues() -> str", &torchops::batching::batching_list_queues);
-  m.def("_batching_close_all() -> ()", &torchops::batching::batching_close_all);
+  m.def("_batching_close_all(bool shutdown=False) -> ()", &torchops::batching::batching_close_all);
+  m.def("_batching_in_flight() -> int", &torchops::batching::batching_in_flight);
   m.def("_unbatch_fail(Tensor batch_index, str message, str container=\"\", str shared_name=\"\") -> ()",
         &torchops::batching::unbatch_fail);
 }

@@ -6,6 +6,7 @@ The ops themselves are `torch.ops.torchops.batch / unbatch / unbatch_grad` (type
 import functools
 import json
 import threading
+import time
 import uuid
 from typing import Any, Callable, Dict, List, Optional
 
@@ -117,8 +118,15 @@ def batch_function(num_batch_threads: int, max_batch_size: int, batch_timeout_mi
 
 
 def _close_at_exit() -> None:
+    """Interpreter exit: close everything (refusing new calls), then give the released callers a moment
+    to get back into Python before finalization (a daemon thread returning from an op while the
+    interpreter finalizes would be terminated inside PyTorch's GIL re-acquisition)."""
     try:
-        close_all()
+        torch.ops.torchops._batching_close_all(True)
+        deadline = time.monotonic() + 5.0
+        while torch.ops.torchops._batching_in_flight() > 0 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        time.sleep(0.05)
     except Exception:
         pass
 

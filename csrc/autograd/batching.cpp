@@ -57,7 +57,8 @@ void check_cpu_for_grad(const at::Tensor& t, const char* op, const char* arg) {
               "would deadlock). Use CPU tensors, or detach the input / run under torch.no_grad()");
 }
 
-std::vector<int64_t> shape_of(const at::Tensor& t) { return std::vector<int64_t>(t.sizes().begin(), t.sizes().end()); }
+// Sizes as an IValue that also holds symbolic sizes (fake tensors under torch.compile).
+c10::IValue shape_of(const at::Tensor& t) { return c10::IValue(t.sym_sizes()); }
 
 std::string batch_gradient_name(const std::string& shared_name, const std::string& queue, size_t i) {
   return shared_name + "/" + queue + "/batch_gradient_" + std::to_string(i);
@@ -97,9 +98,9 @@ class BatchFunction : public torch::autograd::Function<BatchFunction> {
     variable_list result(k + 9);
     const bool empty = ctx->saved_data["empty"].toBool();
     const auto zeros = [&](int64_t i) {
-      const auto shape = ctx->saved_data["shape" + std::to_string(i)].toIntVector();
+      const auto shape = ctx->saved_data["shape" + std::to_string(i)].toSymIntVector();
       const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype" + std::to_string(i)].toInt());
-      return at::zeros(shape, at::TensorOptions().dtype(dtype));
+      return at::zeros_symint(shape, at::TensorOptions().dtype(dtype));
     };
     if (empty) {  // spec §7: the empty-input path touches no resource
       for (int64_t i = 0; i < k; ++i) result[i] = zeros(i);
@@ -138,17 +139,19 @@ class UnbatchFunction : public torch::autograd::Function<UnbatchFunction> {
     const auto saved = ctx->get_saved_variables();
     const at::Tensor& batched = saved[0];
     const at::Tensor g =
-        grads[0].defined() ? grads[0] : at::zeros(ctx->saved_data["out_shape"].toIntVector(), batched.options());
+        grads[0].defined() ? grads[0]
+                            : at::zeros_symint(ctx->saved_data["out_shape"].toSymIntVector(), batched.options());
     at::Tensor r = call_unbatch_grad(batched, saved[1], g, saved[2], ctx->saved_data["container"].toStringRef(),
                                      ctx->saved_data["shared_name"].toStringRef() + "/unbatch_gradient",
                                      ctx->saved_data["timeout"].toInt());
-    if (batched.numel() == 0) {
-      r = at::zeros(batched.sizes(), batched.options());
-    } else if (r.size(0) < batched.size(0)) {
-      // UnbatchGrad returns the N unpadded rows; padding rows get zero gradient (spec §7).
-      auto pad_shape = shape_of(batched);
-      pad_shape[0] = batched.size(0) - r.size(0);
-      r = at::cat({r, at::zeros(pad_shape, r.options())}, 0);
+    if (batched.sym_numel() == 0) {
+      r = at::zeros_symint(batched.sym_sizes(), batched.options());
+    } else {
+      // UnbatchGrad returns the N unpadded rows; padding rows get zero gradient (spec §7). Written with
+      // SymInts and no comparison so that tracing (fake tensors, data-dependent N) needs no guard.
+      std::vector<c10::SymInt> pad_shape(batched.sym_sizes().begin(), batched.sym_sizes().end());
+      pad_shape[0] = batched.sym_size(0) - r.sym_size(0);
+      r = at::cat({r, at::zeros_symint(pad_shape, r.options())}, 0);
     }
     return {r, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }

@@ -160,7 +160,15 @@ std::shared_ptr<UnbatchGradResource> get_or_create_unbatch_grad(const std::strin
                                                                const std::string& shared_name);
 std::shared_ptr<UnbatchResource> find_unbatch(const std::string& container, const std::string& shared_name);
 // Closes and forgets every resource (all kinds). Blocked calls get an error or their flushed batch.
-void close_all();
+// With shutdown=true (interpreter exit), later calls fail at once instead of creating new resources.
+void close_all(bool shutdown = false);
+// Number of calls currently inside batch / unbatch / unbatch_grad (to let released callers drain at exit).
+int64_t in_flight();
+// RAII counter of in_flight().
+struct InFlight {
+  InFlight();
+  ~InFlight();
+};
 // Statistics of one queue as JSON ("" if unknown).
 std::string stats_json(const std::string& container, const std::string& shared_name, const std::string& queue);
 // JSON list of [container, shared_name, queue] of every live queue.

@@ -4,6 +4,7 @@
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 
+#include <atomic>
 #include <cstdio>
 #include <sstream>
 
@@ -57,10 +58,18 @@ std::string json_escape(const std::string& s) {
   return out;
 }
 
+std::atomic<bool> g_shutdown{false};
+std::atomic<int64_t> g_in_flight{0};
+
+void check_not_shut_down() {
+  TORCH_CHECK(!g_shutdown.load(), "the batching resources were shut down (the process is exiting); "
+              "no new batching calls are accepted");
+}
+
 struct ExitHook {
   ~ExitHook() {
     try {
-      close_all();
+      close_all(/*shutdown=*/true);
     } catch (...) {
     }
   }
@@ -73,6 +82,7 @@ std::shared_ptr<BatchResource> get_or_create_batch(const std::string& container,
   auto& r = registry();
   const Key k{container, shared_name};
   std::lock_guard<std::mutex> lk(r.mu);
+  check_not_shut_down();
   auto it = r.batch.find(k);
   if (it == r.batch.end()) {
     auto res = std::make_shared<BatchResource>(o);
@@ -97,6 +107,7 @@ std::shared_ptr<UnbatchResource> get_or_create_unbatch(const std::string& contai
   auto& r = registry();
   const Key k{container, shared_name};
   std::lock_guard<std::mutex> lk(r.mu);
+  check_not_shut_down();
   auto it = r.unbatch.find(k);
   if (it == r.unbatch.end()) {
     auto res = std::make_shared<UnbatchResource>(timeout_micros);
@@ -122,6 +133,7 @@ std::shared_ptr<UnbatchGradResource> get_or_create_unbatch_grad(const std::strin
   auto& r = registry();
   const Key k{container, shared_name};
   std::lock_guard<std::mutex> lk(r.mu);
+  check_not_shut_down();
   auto it = r.unbatch_grad.find(k);
   if (it == r.unbatch_grad.end()) {
     auto res = std::make_shared<UnbatchGradResource>();
@@ -131,13 +143,18 @@ std::shared_ptr<UnbatchGradResource> get_or_create_unbatch_grad(const std::strin
   return it->second;
 }
 
-void close_all() {
+InFlight::InFlight() { ++g_in_flight; }
+InFlight::~InFlight() { --g_in_flight; }
+int64_t in_flight() { return g_in_flight.load(); }
+
+void close_all(bool shutdown) {
   auto& r = registry();
   std::map<Key, std::shared_ptr<BatchResource>> batch;
   std::map<Key, std::shared_ptr<UnbatchResource>> unbatch;
   std::map<Key, std::shared_ptr<UnbatchGradResource>> unbatch_grad;
   {
     std::lock_guard<std::mutex> lk(r.mu);
+    if (shutdown) g_shutdown = true;
     batch.swap(r.batch);
     unbatch.swap(r.unbatch);
     unbatch_grad.swap(r.unbatch_grad);

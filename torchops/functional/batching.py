@@ -1,13 +1,13 @@
 """Typed, TorchScript-scriptable wrappers of the batching ops (`torch.ops.torchops.batch`, `unbatch`,
 `unbatch_grad`), with TF's argument names and defaults. See docs/batching.md."""
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 
 def batch(in_tensors: List[Tensor], num_batch_threads: int, max_batch_size: int, batch_timeout_micros: int,
-          grad_timeout_micros: int, max_enqueued_batches: int = 10, allowed_batch_sizes: List[int] = [],
+          grad_timeout_micros: int, max_enqueued_batches: int = 10, allowed_batch_sizes: Optional[List[int]] = None,
           container: str = "", shared_name: str = "", batching_queue: str = "") -> Tuple[List[Tensor], Tensor, Tensor]:
     """`tf.raw_ops.Batch`: concatenates concurrent invocations along dim 0.
 
@@ -15,8 +15,9 @@ def batch(in_tensors: List[Tensor], num_batch_threads: int, max_batch_size: int,
     batched (and padded) tensors and a `[K, 3]` `batch_index` (`[id, start, end)` rows); the others
     receive empty tensors and a `[0, 3]` index. Every invocation receives its own int64 scalar `id`.
     """
+    allowed: List[int] = [] if allowed_batch_sizes is None else allowed_batch_sizes
     return torch.ops.torchops.batch(in_tensors, num_batch_threads, max_batch_size, batch_timeout_micros,
-                                    grad_timeout_micros, max_enqueued_batches, allowed_batch_sizes, container,
+                                    grad_timeout_micros, max_enqueued_batches, allowed, container,
                                     shared_name, batching_queue)
 
 

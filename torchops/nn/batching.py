@@ -17,6 +17,9 @@ class Batched(torch.nn.Module):
     `shared_name` is given.
     """
 
+    allowed_batch_sizes: List[int]
+    shared_name: str
+
     def __init__(self, module: torch.nn.Module, num_batch_threads: int = 1, max_batch_size: int = 32,
                  batch_timeout_micros: int = 1000, allowed_batch_sizes: Optional[List[int]] = None,
                  max_enqueued_batches: int = 10, grad_timeout_micros: int = 60_000_000,
