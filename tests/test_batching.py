@@ -521,12 +521,12 @@ def test_queue_full_and_no_partial_state():
 def test_queue_full_message_counts_batches():
     name = uniq()
     # fill the queue's only (open) batch with 1 row, then a 2-row task cannot fit (max_enqueued_batches=0 -> 1)
-    t = threading.Thread(target=lambda: ops.batch([torch.ones(1)], 1, 2, 2 * S, 0, max_enqueued_batches=0,
+    t = threading.Thread(target=lambda: ops.batch([torch.ones(1)], 1, 2, S // 2, 0, max_enqueued_batches=0,
                                                   shared_name=name, batching_queue="q"), daemon=True)
     t.start()
     wait_for_tasks(name, 1, queue="q")
     with pytest.raises(RuntimeError, match="queue is full; currently 1 batches enqueued and max_enqueued_batches is 0"):
-        ops.batch([torch.ones(2)], 1, 2, 2 * S, 0, max_enqueued_batches=0, shared_name=name, batching_queue="q")
+        ops.batch([torch.ones(2)], 1, 2, S // 2, 0, max_enqueued_batches=0, shared_name=name, batching_queue="q")
     t.join(10)
     assert not t.is_alive()
 
@@ -728,7 +728,8 @@ def test_interpreter_exit_with_pending_work_does_not_hang():
 # Stress (issue: >= 32 threads x 500 requests of random sizes)
 
 @pytest.mark.timeout(150)
-def test_stress_every_request_gets_its_own_answer():
+@pytest.mark.parametrize("allowed", [[], [8, 16, 32, 64]], ids=["no_padding", "padding"])
+def test_stress_every_request_gets_its_own_answer(allowed):
     name = uniq()
     n_threads, n_requests = 32, 500
     max_batch = 64
@@ -740,7 +741,8 @@ def test_stress_every_request_gets_its_own_answer():
             for r, n in enumerate(sizes):
                 # unique values per request row: (thread, request, row)
                 x = (torch.arange(n, dtype=torch.float64) + 10.0 * r + 10_000.0 * t).unsqueeze(1).repeat(1, 2)
-                b, idx, id_ = ops.batch([x], 2, max_batch, 500, 0, max_enqueued_batches=1000, shared_name=name)
+                b, idx, id_ = ops.batch([x], 2, max_batch, 500, 0, max_enqueued_batches=1000,
+                                        allowed_batch_sizes=allowed, shared_name=name)
                 y = b[0] * 3.0 + 1.0 if idx.shape[0] else b[0]
                 out = ops.unbatch(y, idx, id_, 20 * S, shared_name=name + "/u")
                 if out.shape != x.shape or not torch.equal(out, x * 3.0 + 1.0):
@@ -753,8 +755,11 @@ def test_stress_every_request_gets_its_own_answer():
     no_errors(errors)
     s = stats(name)
     assert s["tasks"] == n_threads * n_requests
-    assert s["rows"] == sum(results) and s["padding_rows"] == 0 and s["batches_failed"] == 0
-    assert sum(k * v for k, v in s["batch_size_histogram"].items()) == sum(results)
+    assert s["rows"] == sum(results) and s["batches_failed"] == 0
+    assert (s["padding_rows"] > 0) == bool(allowed)
+    assert sum(k * v for k, v in s["batch_size_histogram"].items()) == sum(results) + s["padding_rows"]
+    if allowed:
+        assert set(s["batch_size_histogram"]) <= set(allowed)
     assert s["batches_formed"] < s["tasks"]  # requests were actually batched
     assert time.monotonic() - t0 < 140
 
@@ -853,6 +858,33 @@ def test_functional_wrappers_scriptable():
     assert b[0].tolist() == [1.0, 1.0]
     u = torch.jit.script(torchops.functional.unbatch)(b[0], idx, id_, S, "", uniq())
     assert u.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.timeout(180)
+def test_torch_compile_forward_backward_from_threads():
+    name = uniq()
+
+    def f(x):
+        b, idx, id_ = torch.ops.torchops.batch([x], 1, 4, 20_000, 10 * S, 10, [2, 4], "", name, "")
+        y = torch.sin(b[0]) * 2  # every invocation runs the graph (non-holders on 0 rows), as in TF
+        return torch.ops.torchops.unbatch(y, idx, id_, 10 * S, "", name + "/u")
+
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=False)
+
+    def call(v):
+        def run():
+            x = torch.full((1, 3), v, requires_grad=True)
+            r = cf(x)
+            r.sum().backward()
+            return r.detach(), x.grad
+        return run
+
+    call(0.5)()  # compile once (a lone holder)
+    results, errors = run_threads([call(float(v)) for v in (1, 2, 3)])
+    no_errors(errors)
+    for v, (r, g) in zip((1, 2, 3), results):
+        t = torch.full((1, 3), float(v))
+        assert torch.allclose(r, torch.sin(t) * 2) and torch.allclose(g, torch.cos(t) * 2)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

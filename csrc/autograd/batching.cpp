@@ -144,7 +144,9 @@ class UnbatchFunction : public torch::autograd::Function<UnbatchFunction> {
     at::Tensor r = call_unbatch_grad(batched, saved[1], g, saved[2], ctx->saved_data["container"].toStringRef(),
                                      ctx->saved_data["shared_name"].toStringRef() + "/unbatch_gradient",
                                      ctx->saved_data["timeout"].toInt());
-    if (batched.sym_numel() == 0) {
+    // A data-dependent (traced) row count is treated as a holder: the padding formula below is also
+    // right for a non-holder whose output keeps the batched tensor's trailing shape.
+    if (TORCH_GUARD_OR_FALSE(batched.sym_numel().sym_eq(0))) {
       r = at::zeros_symint(batched.sym_sizes(), batched.options());
     } else {
       // UnbatchGrad returns the N unpadded rows; padding rows get zero gradient (spec §7). Written with
