@@ -93,9 +93,10 @@ def batch_function(num_batch_threads: int, max_batch_size: int, batch_timeout_mi
                     for k in range(structure.get("n", 1)):
                         torch.ops.torchops._unbatch_fail(index, msg, container, unbatch_name(k))
                     raise
-            elif "n" in structure:
+            elif "n" in structure and not torch.is_grad_enabled():
                 out = None
-            else:  # first calls: learn the output structure from the function on the empty inputs (as TF)
+            else:  # as TF: run the function on the empty inputs (learns the output structure, and puts
+                # this call's outputs into the autograd graph, e.g. of parameters the function uses)
                 out = fn(*batched)
             if out is not None:
                 single = isinstance(out, Tensor)
@@ -103,7 +104,7 @@ def batch_function(num_batch_threads: int, max_batch_size: int, batch_timeout_mi
                 with lock:
                     structure.setdefault("n", len(outs))
                     structure.setdefault("single", single)
-                if not holder:
+                if not holder and not torch.is_grad_enabled():
                     outs = [batched[0]] * len(outs)
             else:
                 outs = [batched[0]] * structure["n"]

@@ -162,7 +162,15 @@ class UnbatchFunction : public torch::autograd::Function<UnbatchFunction> {
 BatchResult batch_autograd(at::TensorList in, int64_t nbt, int64_t mbs, int64_t btm, int64_t gtm, int64_t meb,
                            at::IntArrayRef allowed, c10::string_view container, c10::string_view shared_name,
                            c10::string_view queue) {
-  for (size_t i = 0; i < in.size(); ++i) check_cpu_for_grad(in[i], "batch", "in_tensors");
+  bool need_grad = false;
+  for (size_t i = 0; i < in.size(); ++i) {
+    check_cpu_for_grad(in[i], "batch", "in_tensors");
+    need_grad = need_grad || in[i].requires_grad();
+  }
+  if (!need_grad || !at::GradMode::is_enabled()) {  // inference: no graph, no bookkeeping
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call_batch(in, nbt, mbs, btm, gtm, meb, allowed, container, shared_name, queue);
+  }
   auto r = BatchFunction::apply(in, nbt, mbs, btm, gtm, meb, allowed, container, shared_name, queue);
   const size_t k = r.size() - 2;
   std::vector<at::Tensor> batched(r.begin(), r.begin() + k);
@@ -172,6 +180,10 @@ BatchResult batch_autograd(at::TensorList in, int64_t nbt, int64_t mbs, int64_t 
 at::Tensor unbatch_autograd(const at::Tensor& batched, const at::Tensor& index, const at::Tensor& id,
                             int64_t timeout, c10::string_view container, c10::string_view shared_name) {
   check_cpu_for_grad(batched, "unbatch", "batched_tensor");
+  if (!batched.requires_grad() || !at::GradMode::is_enabled()) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call_unbatch(batched, index, id, timeout, container, shared_name);
+  }
   return UnbatchFunction::apply(batched, index, id, timeout, container, shared_name)[0];
 }
 

@@ -11,11 +11,12 @@ import torch
 
 import torchops  # noqa: F401  (loads the ops)
 
-from . import fused_batch_norm
+from . import batching, fused_batch_norm
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
     "bn": fused_batch_norm,
+    "batching": batching,
 }
 
 

@@ -12,7 +12,10 @@ class Batched(torch.nn.Module):
     each call gets back exactly its own rows. Scriptable (`torch.jit.script(Batched(...))`).
 
     `module` must map `[B, ...] -> [B, ...]` row-wise (row i of the output depends on row i of the
-    input only). Gradients flow back per call (CPU tensors); each caller may run its own backward.
+    input only). Gradients flow back per call (CPU tensors), to the inputs and to the module's
+    parameters; every call of a batch must then run its backward (each on its own thread if it likes):
+    the batch holder's backward waits for the others' gradients. With grad enabled, calls that do not
+    hold the batch run `module` on their 0-row batch (as TF does) so that their output joins the graph.
     Calls whose input has 0 rows run `module` directly. Each instance has its own queue unless
     `shared_name` is given.
     """
@@ -64,6 +67,10 @@ class Batched(torch.nn.Module):
                 y = self.module(batched[0])
             else:
                 y = self._run_module_eager(batched[0], index)
+        elif torch.is_grad_enabled():
+            # As TF: run the module on the empty batch, so that this call's output is part of the graph
+            # (its backward must deposit its gradient for the holder, e.g. for parameter gradients).
+            y = self.module(batched[0])
         else:
             y = batched[0]  # placeholder: Unbatch delivers this call's rows of the holder's result
         return torch.ops.torchops.unbatch(y, index, id, self.unbatch_timeout_micros, self.container,

@@ -1,0 +1,111 @@
+"""Dynamic batching (torchops.nn.Batched = batch -> MLP -> unbatch) vs unbatched calls of the same MLP.
+
+Client threads send 1-row requests back to back for a fixed time; we report throughput and p50/p99
+request latency for 1, 4, 16 and 32 clients, and the batcher's own added latency per request at low
+load (1 client: batched minus unbatched median latency; it includes the wait for the batch timeout,
+since a lone client never fills a batch). Targets (issue 4): batched throughput >= 3x unbatched at 16+
+clients; added latency at low load <= batch_timeout_micros + 200 us.
+"""
+import statistics
+import threading
+import time
+import uuid
+
+import torch
+
+import torchops
+from ._timing import print_table
+
+IN, HIDDEN, OUT = 256, 1024, 256
+CLIENTS = [1, 4, 16, 32]
+MAX_BATCH = 32
+TIMEOUT_US = 1000
+
+
+def _mlp(device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT)).to(device)
+
+
+def _drive(fn, clients, seconds, device):
+    """Each client calls fn(x) back to back for `seconds`; returns (requests/s, p50 us, p99 us)."""
+    lat = [[] for _ in range(clients)]
+    start = threading.Barrier(clients + 1)
+    stop = threading.Event()
+    errors = []
+
+    def client(i):
+        x = torch.randn(1, IN, device=device)
+        try:
+            fn(x)  # warm-up
+            start.wait()
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                fn(x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                lat[i].append(time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    all_lat = sorted(v for l in lat for v in l)
+    n = len(all_lat)
+    p = lambda q: all_lat[min(n - 1, int(q * (n - 1) + 0.5))] * 1e6  # noqa: E731
+    return n / elapsed, p(0.5), p(0.99)
+
+
+def run(args):
+    device = torch.device(args.device)
+    if device.type != "cpu":
+        print("batching: the gradients of the batching ops are CPU-only; the forward benchmark runs on "
+              f"{device} anyway")
+    seconds = 0.4 if args.quick else 1.5
+    mlp = _mlp(device)
+    # Serving-style: one intra-op thread per call (many client threads share the cores); measured
+    # with both modes under the same setting.
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    with torch.no_grad():
+        for clients in CLIENTS:
+            batched = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=MAX_BATCH,
+                                          batch_timeout_micros=TIMEOUT_US, shared_name=f"bench/{uuid.uuid4().hex}")
+            tp_u, p50_u, p99_u = _drive(mlp, clients, seconds, device)
+            tp_b, p50_b, p99_b = _drive(batched, clients, seconds, device)
+            s = torchops.batching.stats(batched.shared_name)
+            mean_batch = s["rows"] / max(1, s["batches_formed"] - 0)
+            rows.append({"clients": clients, "unbatched_req/s": tp_u, "batched_req/s": tp_b,
+                         "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u, "unbatched_p99_us": p99_u,
+                         "batched_p50_us": p50_b, "batched_p99_us": p99_b, "mean_batch": mean_batch,
+                         "queue_wait_p50_us": s["queue_wait_us"]["p50"]})
+        # The batcher's own cost: one client, so every batch waits for its timeout (then ships alone).
+        added = []
+        for timeout in (0, TIMEOUT_US):
+            batched = torchops.nn.Batched(mlp, 1, MAX_BATCH, timeout, shared_name=f"bench/{uuid.uuid4().hex}")
+            _, p50_u, _ = _drive(mlp, 1, seconds, device)
+            _, p50_b, p99_b = _drive(batched, 1, seconds, device)
+            added.append({"batch_timeout_us": timeout, "unbatched_p50_us": p50_u, "batched_p50_us": p50_b,
+                          "added_p50_us": p50_b - p50_u, "budget_us": timeout + 200,
+                          "met": p50_b - p50_u <= timeout + 200})
+    print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests, Batched(max_batch_size={MAX_BATCH}, "
+                f"batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) vs direct calls ({device})", rows,
+                ["clients", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us", "unbatched_p99_us",
+                 "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
+    print_table("batching: added latency per request at low load (1 client)", added,
+                ["batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "added_p50_us", "budget_us", "met"])
+    torch.set_num_threads(prev_threads)
+    torchops.batching.close_all()
+    return {"throughput": rows, "added_latency": added}
