@@ -18,7 +18,7 @@ from ._timing import print_table
 
 IN, HIDDEN, OUT = 256, 1024, 256
 CLIENTS = [1, 4, 16, 32]
-MAX_BATCH = 32
+MAX_BATCH = 16
 TIMEOUT_US = 1000
 
 
@@ -67,45 +67,65 @@ def _drive(fn, clients, seconds, device):
     return n / elapsed, p(0.5), p(0.99)
 
 
+def _median_drive(fns, clients, seconds, device, rounds):
+    """Alternates the callables `rounds` times; per callable the round with the median throughput."""
+    per = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            per[i].append(_drive(fn, clients, seconds, device))
+    return [sorted(r)[len(r) // 2] for r in per]
+
+
 def run(args):
     device = torch.device(args.device)
     if device.type != "cpu":
         print("batching: the gradients of the batching ops are CPU-only; the forward benchmark runs on "
               f"{device} anyway")
-    seconds = 0.4 if args.quick else 1.5
-    mlp = _mlp(device)
-    # Serving-style: one intra-op thread per call (many client threads share the cores); measured
-    # with both modes under the same setting.
+    seconds = 0.3 if args.quick else 1.0
+    rounds = 1 if args.quick else 3
+    mlp = _mlp(device).eval()
+    # Serving-style: one intra-op thread per call (many client threads share the cores); both modes
+    # are measured under the same setting.
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rows = []
     with torch.no_grad():
-        for clients in CLIENTS:
-            batched = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=MAX_BATCH,
-                                          batch_timeout_micros=TIMEOUT_US, shared_name=f"bench/{uuid.uuid4().hex}")
-            tp_u, p50_u, p99_u = _drive(mlp, clients, seconds, device)
-            tp_b, p50_b, p99_b = _drive(batched, clients, seconds, device)
-            s = torchops.batching.stats(batched.shared_name)
-            mean_batch = s["rows"] / max(1, s["batches_formed"] - 0)
-            rows.append({"clients": clients, "unbatched_req/s": tp_u, "batched_req/s": tp_b,
-                         "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u, "unbatched_p99_us": p99_u,
-                         "batched_p50_us": p50_b, "batched_p99_us": p99_b, "mean_batch": mean_batch,
-                         "queue_wait_p50_us": s["queue_wait_us"]["p50"]})
-        # The batcher's own cost: one client, so every batch waits for its timeout (then ships alone).
+        for mode in ("eager", "script"):
+            for clients in CLIENTS:
+                batched = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=MAX_BATCH,
+                                              batch_timeout_micros=TIMEOUT_US,
+                                              shared_name=f"bench/{uuid.uuid4().hex}")
+                direct = mlp
+                if mode == "script":
+                    batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
+                (tp_u, p50_u, p99_u), (tp_b, p50_b, p99_b) = _median_drive([direct, batched], clients, seconds,
+                                                                          device, rounds)
+                s = torchops.batching.stats(batched.shared_name)
+                rows.append({"mode": mode, "clients": clients, "unbatched_req/s": tp_u, "batched_req/s": tp_b,
+                             "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u, "unbatched_p99_us": p99_u,
+                             "batched_p50_us": p50_b, "batched_p99_us": p99_b,
+                             "mean_batch": s["rows"] / max(1, s["batches_formed"]),
+                             "queue_wait_p50_us": s["queue_wait_us"]["p50"]})
+        # The batcher's own cost at low load: one client, so every batch waits for its timeout and
+        # ships alone; added = batched - unbatched median latency.
         added = []
-        for timeout in (0, TIMEOUT_US):
-            batched = torchops.nn.Batched(mlp, 1, MAX_BATCH, timeout, shared_name=f"bench/{uuid.uuid4().hex}")
-            _, p50_u, _ = _drive(mlp, 1, seconds, device)
-            _, p50_b, p99_b = _drive(batched, 1, seconds, device)
-            added.append({"batch_timeout_us": timeout, "unbatched_p50_us": p50_u, "batched_p50_us": p50_b,
-                          "added_p50_us": p50_b - p50_u, "budget_us": timeout + 200,
-                          "met": p50_b - p50_u <= timeout + 200})
-    print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests, Batched(max_batch_size={MAX_BATCH}, "
-                f"batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) vs direct calls ({device})", rows,
-                ["clients", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us", "unbatched_p99_us",
-                 "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
-    print_table("batching: added latency per request at low load (1 client)", added,
-                ["batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "added_p50_us", "budget_us", "met"])
+        for mode in ("eager", "script"):
+            for timeout in (0, TIMEOUT_US):
+                batched = torchops.nn.Batched(mlp, 1, MAX_BATCH, timeout, shared_name=f"bench/{uuid.uuid4().hex}")
+                direct = mlp
+                if mode == "script":
+                    batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
+                (_, p50_u, _), (_, p50_b, p99_b) = _median_drive([direct, batched], 1, seconds, device, rounds)
+                added.append({"mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
+                              "batched_p50_us": p50_b, "added_p50_us": p50_b - p50_u, "budget_us": timeout + 200,
+                              "met": p50_b - p50_u <= timeout + 200})
     torch.set_num_threads(prev_threads)
+    print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
+                f"nn.Batched(max_batch_size={MAX_BATCH}, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) "
+                f"vs direct calls ({device}; eager = Python calls, script = torch.jit.script'ed modules)", rows,
+                ["mode", "clients", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
+                 "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
+    print_table("batching: added latency per request at low load (1 client, median)", added,
+                ["mode", "batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "added_p50_us", "budget_us", "met"])
     torchops.batching.close_all()
     return {"throughput": rows, "added_latency": added}
