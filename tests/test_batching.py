@@ -59,6 +59,15 @@ def wait_for_tasks(name, n, container="", queue="", timeout=10.0):
     raise AssertionError(f"{n} tasks never reached queue {name}")
 
 
+def wait_in_flight(n, timeout=10.0):
+    """Waits until at least n calls are inside the batching ops (blocked), plus a little margin."""
+    deadline = time.monotonic() + timeout
+    while torch.ops.torchops._batching_in_flight() < n:
+        assert time.monotonic() < deadline, f"{n} calls never blocked in the batching ops"
+        time.sleep(0.002)
+    time.sleep(0.05)
+
+
 def no_errors(errors):
     for e in errors:
         if e is not None:
@@ -99,8 +108,13 @@ def test_batch_with_padding():
     name = uniq()
     call = lambda v: lambda: ops.batch([torch.tensor(v)], 1, 10, 100_000, 0, allowed_batch_sizes=[5, 10],  # noqa: E731
                                        shared_name=name)
+
+    def second():
+        wait_for_tasks(name, 1)  # A is enqueued first
+        return call([2, 4])()
+
     t0 = time.monotonic()
-    (a, b), errors = run_threads([call([1, 3]), call([2, 4])], stagger=0.02)
+    (a, b), errors = run_threads([call([1, 3]), second])
     no_errors(errors)
     assert time.monotonic() - t0 >= 0.09  # shipped by the 100 ms timeout, not before
     # A came first, B last: B holds the batch; padding repeats row 0 of the first task
@@ -163,6 +177,7 @@ def test_unbatch_timeout():
         return ops.unbatch(b[0] + 1, idx, id_, 10, shared_name=shared)
 
     def delayed():
+        wait_for_tasks(name, 1)  # the direct path is enqueued first
         time.sleep(0.1)
         b, idx, id_ = ops.batch([torch.tensor([2])], 1, 2, 36 * S, 0, shared_name=name)
         time.sleep(0.1)
@@ -210,7 +225,7 @@ def test_unbatch_grad_errors():
 # Decorated / function tests (§11.1 item 11, §11.2)
 
 def test_batch_function_basic():
-    @batch_function(1, 10, 100_000)
+    @batch_function(1, 2, 10 * S)  # TF: max 10, 100 ms; here the batch ships when full (robust under load)
     def f(x):
         return x + 1
 
@@ -311,7 +326,7 @@ def test_gradients_with_padding_many_threads():
         seen["rows"] = b.shape[0]
         return b * b * 3.0
 
-    calls = [_grad_call(float(i + 1), name, f=f, allowed=(4, 12), max_batch=12, timeout=200_000, rows=3)
+    calls = [_grad_call(float(i + 1), name, f=f, allowed=(4, 12), max_batch=12, timeout=S, rows=3)
              for i in range(3)]
     results, errors = run_threads(calls)
     no_errors(errors)
@@ -448,12 +463,16 @@ def test_unbatch_duplicate_keys():
                        shared_name=name).tolist() == [2.0]
     # two waiters with the same key
     name2 = uniq()
-    wait = lambda: ops.unbatch(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.tensor(3), 300_000,  # noqa: E731
+    wait = lambda: ops.unbatch(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.tensor(3), 500_000,  # noqa: E731
                                shared_name=name2)
-    _, errors = run_threads([wait, wait], stagger=0.05)
-    msgs = sorted(str(e) for e in errors)
-    assert "Multiple session runs with the same batch key." in msgs[0] + msgs[1]
-    assert any("did not arrive within timeout" in m for m in msgs)
+
+    def second():
+        wait_in_flight(1)
+        return wait()
+
+    _, errors = run_threads([wait, second])
+    assert isinstance(errors[0], RuntimeError) and "did not arrive within timeout" in str(errors[0])
+    assert isinstance(errors[1], RuntimeError) and "Multiple session runs with the same batch key." in str(errors[1])
 
 
 def test_attribute_mismatch_on_shared_resource():
@@ -533,7 +552,7 @@ def test_queue_full_message_counts_batches():
 
 def test_separate_batching_queues_are_not_mixed():
     name = uniq()
-    calls = [lambda q=q, v=v: ops.batch([torch.tensor([v])], 2, 4, 100_000, 0, shared_name=name, batching_queue=q)
+    calls = [lambda q=q, v=v: ops.batch([torch.tensor([v])], 2, 4, 500_000, 0, shared_name=name, batching_queue=q)
              for q, v in [("a", 1.0), ("b", 10.0), ("a", 2.0), ("b", 20.0)]]
     results, errors = run_threads(calls, stagger=0.01)
     no_errors(errors)
@@ -583,7 +602,7 @@ def test_padding_with_a_module_8_and_2_callers():
     assert seen == [8]
     for x, r in zip(xs, results):
         assert torch.allclose(r, mlp(x))
-    wrapped2 = torchops.nn.Batched(Recording(), 1, 8, 50_000, allowed_batch_sizes=[4, 8])
+    wrapped2 = torchops.nn.Batched(Recording(), 1, 8, 500_000, allowed_batch_sizes=[4, 8])
     results, errors = run_threads([lambda x=x: wrapped2(x) for x in xs[:2]])
     no_errors(errors)
     assert seen == [8, 4]
@@ -676,7 +695,7 @@ def test_close_wakes_blocked_calls():
 
     def closer():
         wait_for_tasks(bname, 1)
-        time.sleep(0.2)
+        wait_in_flight(3)
         close_all()
 
     results, errors = run_threads([blocked_batch, blocked_unbatch, blocked_unbatch_grad, closer])
