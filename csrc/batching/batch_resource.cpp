@@ -440,10 +440,15 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
 }
 
 std::string BatchResource::stats_json(const std::string& queue_name) {
-  std::lock_guard<std::mutex> lk(state_->mu);
-  auto it = state_->queues.find(queue_name);
-  if (it == state_->queues.end()) return "";
-  return it->second->stats.to_json();
+  QueueStats copy;
+  {
+    // Copy under the lock, format (percentiles) outside it: reading never stalls batching for long.
+    std::lock_guard<std::mutex> lk(state_->mu);
+    auto it = state_->queues.find(queue_name);
+    if (it == state_->queues.end()) return "";
+    copy = it->second->stats;
+  }
+  return copy.to_json();
 }
 
 void BatchResource::record_rejection(const std::string& queue_name, const std::string& reason) {
