@@ -324,7 +324,19 @@ BatchResource::BatchResource(const BatchOptions& o) : options_(o), state_(std::m
   state_->opts = o;
   state_->live_workers = static_cast<int>(o.num_batch_threads);
   workers_.reserve(o.num_batch_threads);
-  for (int64_t i = 0; i < o.num_batch_threads; ++i) workers_.emplace_back(worker_loop, state_);
+  try {
+    for (int64_t i = 0; i < o.num_batch_threads; ++i) workers_.emplace_back(worker_loop, state_);
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard<std::mutex> lk(state_->mu);
+      state_->closed = true;
+      state_->live_workers = static_cast<int>(workers_.size());
+    }
+    state_->cv.notify_all();
+    for (auto& w : workers_) w.detach();
+    TORCH_CHECK(false, "Batch: could not start num_batch_threads=", o.num_batch_threads, " worker threads: ",
+                e.what());
+  }
 }
 
 BatchResource::~BatchResource() {
