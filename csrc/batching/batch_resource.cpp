@@ -14,16 +14,43 @@
 #include <random>
 #include <sstream>
 
+#ifdef __linux__
+#include <sys/prctl.h>
+#endif
+
 namespace torchops {
 namespace batching {
 
 namespace {
 constexpr size_t kWaitSamples = 8192;
+constexpr int64_t kSpinMicros = 100;
 
 std::string error_text(const std::exception& e) {
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
   return e.what();
 }
+
+// Timed waits for a batch's timeout use a 1 ns timer slack (Linux's default is 50 us) so that a batch
+// ships when its timeout passes, not up to 50 us later; the thread's own slack is restored afterwards.
+class PreciseTimers {
+ public:
+  PreciseTimers() {
+#ifdef __linux__
+    const int prev = prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0);
+    if (prev > 1 && prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0) == 0) prev_ = prev;
+#endif
+  }
+  ~PreciseTimers() {
+#ifdef __linux__
+    if (prev_ > 0) prctl(PR_SET_TIMERSLACK, static_cast<unsigned long>(prev_), 0, 0, 0);
+#endif
+  }
+  PreciseTimers(const PreciseTimers&) = delete;
+  PreciseTimers& operator=(const PreciseTimers&) = delete;
+
+ private:
+  int prev_ = 0;
+};
 
 std::string sizes_str(const at::Tensor& t) {
   std::ostringstream ss;
@@ -112,11 +139,18 @@ std::string QueueStats::to_json() const {
 // ---------------------------------------------------------------------------------------------
 // Scheduler state
 
+struct Batch;
+struct Queue;
+
 struct Task {
   std::vector<at::Tensor> inputs;
   int64_t size = 0;
   int64_t id = 0;
   Clock::time_point enqueued;
+  // Where the task waits (set at enqueue, guarded by the state's mutex when dereferenced).
+  std::weak_ptr<Batch> batch;
+  Queue* queue = nullptr;
+  Clock::time_point due;  // its batch's timeout
   // completion (guarded by mu)
   std::mutex mu;
   std::condition_variable cv;
@@ -270,6 +304,9 @@ void process_batch(BatchState& s, Queue& q, Batch& b) {
 }
 
 void worker_loop(std::shared_ptr<BatchState> s) {
+#ifdef __linux__
+  prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // our own thread: precise batch timeouts
+#endif
   std::unique_lock<std::mutex> lk(s->mu);
   const auto timeout = std::chrono::microseconds(s->opts.batch_timeout_micros);
   while (true) {
@@ -406,6 +443,9 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
     }
     open->tasks.push_back(task);
     open->size += task->size;
+    task->batch = open;
+    task->queue = &q;
+    task->due = open->start + std::chrono::microseconds(options_.batch_timeout_micros);
     ++q.stats.tasks;
     if (open->size >= max_size && q.batches.size() == 1) {
       // The batch is full and first in line: this task (its last, the holder) concatenates it on its
@@ -426,12 +466,46 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
   }
 
   std::unique_lock<std::mutex> tl(task->mu);
+  bool tried_own = false;
   while (!task->done) {
     if (state_->workers_gone.load() && !task->done) {
       // Cannot happen in normal operation (workers flush before exiting); never hang regardless.
       TORCH_CHECK(false, "Batch: the batching resource was closed before this task was processed");
     }
-    task->cv.wait_for(tl, std::chrono::milliseconds(100));
+    if (!tried_own && Clock::now() >= task->due) {
+      // The batch's timeout has passed: rather than wait for a worker to wake up and then wake us,
+      // concatenate the batch here if it is still first in line (same result as a worker).
+      tried_own = true;
+      tl.unlock();
+      std::shared_ptr<Batch> mine;
+      {
+        std::lock_guard<std::mutex> lk(state_->mu);
+        auto& d = task->queue->batches;
+        auto b = task->batch.lock();
+        if (b && !d.empty() && d.front() == b) {
+          mine = b;
+          d.pop_front();
+          if (d.empty()) d.push_back(std::make_shared<Batch>());
+        }
+      }
+      if (mine) process_batch(*state_, *task->queue, *mine);
+      tl.lock();
+      continue;
+    }
+    if (!tried_own) {
+      // Sleep until shortly before the timeout, then yield-spin to it: a thread woken from a sleep
+      // can take long to get a CPU back on a busy machine, and that delay would add to the latency.
+      const auto spin_from = task->due - std::chrono::microseconds(kSpinMicros);
+      if (Clock::now() < spin_from) {
+        PreciseTimers precise;
+        task->cv.wait_until(tl, spin_from);
+      } else {
+        tl.unlock();
+        while (Clock::now() < task->due) std::this_thread::yield();
+        tl.lock();
+      }
+    } else
+      task->cv.wait_for(tl, std::chrono::milliseconds(100));
   }
   TORCH_CHECK(task->error.empty(), task->error);
   BatchOutput out;

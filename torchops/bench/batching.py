@@ -67,6 +67,26 @@ def _drive(fn, clients, seconds, device):
     return n / elapsed, p(0.5), p(0.99)
 
 
+def _interleaved_latency(direct, batched, device, seconds):
+    """One client: alternates a direct and a batched call, so that both see the same machine state;
+    returns the median latency (us) of each and the p99 of the batched calls."""
+    x = torch.randn(1, IN, device=device)
+    for _ in range(5):
+        direct(x), batched(x)
+    d, b = [], []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(d) < 50:
+        t0 = time.perf_counter()
+        direct(x)
+        t1 = time.perf_counter()
+        batched(x)
+        t2 = time.perf_counter()
+        d.append(t1 - t0)
+        b.append(t2 - t1)
+    b_sorted = sorted(b)
+    return statistics.median(d) * 1e6, statistics.median(b) * 1e6, b_sorted[int(0.99 * (len(b) - 1))] * 1e6
+
+
 def _median_drive(fns, clients, seconds, device, rounds):
     """Alternates the callables `rounds` times; per callable the round with the median throughput."""
     per = [[] for _ in fns]
@@ -115,9 +135,9 @@ def run(args):
                 direct = mlp
                 if mode == "script":
                     batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
-                (_, p50_u, _), (_, p50_b, p99_b) = _median_drive([direct, batched], 1, seconds, device, rounds)
+                p50_u, p50_b, p99_b = _interleaved_latency(direct, batched, device, seconds * rounds)
                 added.append({"mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
-                              "batched_p50_us": p50_b, "added_p50_us": p50_b - p50_u, "budget_us": timeout + 200,
+                              "batched_p50_us": p50_b, "batched_p99_us": p99_b, "added_p50_us": p50_b - p50_u, "budget_us": timeout + 200,
                               "met": p50_b - p50_u <= timeout + 200})
     torch.set_num_threads(prev_threads)
     print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
@@ -125,7 +145,9 @@ def run(args):
                 f"vs direct calls ({device}; eager = Python calls, script = torch.jit.script'ed modules)", rows,
                 ["mode", "clients", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
                  "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
-    print_table("batching: added latency per request at low load (1 client, median)", added,
-                ["mode", "batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "added_p50_us", "budget_us", "met"])
+    print_table("batching: added latency per request at low load (1 client alternating direct and batched "
+                "calls, medians)", added,
+                ["mode", "batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "batched_p99_us", "added_p50_us",
+                 "budget_us", "met"])
     torchops.batching.close_all()
     return {"throughput": rows, "added_latency": added}
