@@ -15,6 +15,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -108,12 +109,18 @@ class UnbatchResource {
   void close();
 
  private:
+  // A blocked call. Completed by whoever brings its piece: removed from waiters_ under mu_, then
+  // filled and notified under its own mutex (so a scatter wakes exactly its receivers, with no
+  // convoy on mu_).
   struct Waiter {
     Clock::time_point deadline;
+    std::mutex m;
+    std::condition_variable cv;
     bool done = false;
     at::Tensor value;
     std::string error;
   };
+  static void complete(Waiter& w, at::Tensor value, const std::string& error);
   struct Piece {
     at::Tensor value;
     std::string error;
@@ -122,8 +129,8 @@ class UnbatchResource {
   void sweep_locked(Clock::time_point now);
   const int64_t timeout_micros_;
   std::mutex mu_;
-  std::condition_variable cv_;
   bool closed_ = false;
+  std::atomic<bool> closed_flag_{false};
   std::unordered_map<int64_t, std::shared_ptr<Waiter>> waiters_;
   std::unordered_map<int64_t, Piece> pieces_;
 };

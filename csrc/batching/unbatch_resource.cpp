@@ -34,87 +34,119 @@ void UnbatchResource::sweep_locked(Clock::time_point now) {
   }
 }
 
+void UnbatchResource::complete(Waiter& w, at::Tensor value, const std::string& error) {
+  {
+    std::lock_guard<std::mutex> lk(w.m);
+    w.value = std::move(value);
+    w.error = error;
+    w.done = true;
+  }
+  w.cv.notify_one();
+}
+
 at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::Tensor>> pieces,
                                 int64_t timeout_micros) {
-  std::unique_lock<std::mutex> lk(mu_);
-  TORCH_CHECK(!closed_, "Unbatch: ", kClosed);
-  const auto now = Clock::now();
-  const auto deadline = deadline_after(now, timeout_micros);
-  sweep_locked(now);
-  // 1. A piece is already waiting for this invocation.
-  auto found = pieces_.find(id);
-  if (found != pieces_.end()) {
-    Piece p = std::move(found->second);
-    pieces_.erase(found);
-    lk.unlock();
-    TORCH_CHECK(p.error.empty(), p.error);
-    return p.value;
-  }
-  // 2. Register as a waiter.
-  TORCH_CHECK(waiters_.find(id) == waiters_.end(), "Multiple session runs with the same batch key.");
   auto me = std::make_shared<Waiter>();
-  me->deadline = deadline;
-  waiters_.emplace(id, me);
-  // 3. Hand out the pieces of a non-empty batch.
-  bool completed_any = false;
-  for (auto& [key, value] : pieces) {
-    auto w = waiters_.find(key);
-    if (w != waiters_.end()) {
-      w->second->done = true;
-      w->second->value = std::move(value);
-      waiters_.erase(w);
-      completed_any = true;
-    } else if (pieces_.find(key) != pieces_.end()) {
-      if (!me->done) waiters_.erase(id);
-      TORCH_CHECK(false, "Multiple tensors returned for same batch key.");
-    } else {
-      pieces_.emplace(key, Piece{std::move(value), "", deadline});
+  std::vector<std::pair<std::shared_ptr<Waiter>, at::Tensor>> completions;
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    TORCH_CHECK(!closed_, "Unbatch: ", kClosed);
+    const auto now = Clock::now();
+    const auto deadline = deadline_after(now, timeout_micros);
+    sweep_locked(now);
+    // 1. A piece is already waiting for this invocation.
+    auto found = pieces_.find(id);
+    if (found != pieces_.end()) {
+      Piece p = std::move(found->second);
+      pieces_.erase(found);
+      lk.unlock();
+      TORCH_CHECK(p.error.empty(), p.error);
+      return p.value;
+    }
+    // 2. Register as a waiter.
+    TORCH_CHECK(waiters_.find(id) == waiters_.end(), "Multiple session runs with the same batch key.");
+    me->deadline = deadline;
+    waiters_.emplace(id, me);
+    // 3. Hand out the pieces of a non-empty batch (completions happen outside the lock).
+    for (auto& [key, value] : pieces) {
+      auto w = waiters_.find(key);
+      if (w != waiters_.end()) {
+        completions.emplace_back(std::move(w->second), std::move(value));
+        waiters_.erase(w);
+      } else if (pieces_.find(key) != pieces_.end()) {
+        auto mine = waiters_.find(id);
+        if (mine != waiters_.end() && mine->second == me) waiters_.erase(mine);
+        lk.unlock();
+        for (auto& [w2, v2] : completions) complete(*w2, std::move(v2), "");
+        TORCH_CHECK(false, "Multiple tensors returned for same batch key.");
+      } else {
+        pieces_.emplace(key, Piece{std::move(value), "", deadline});
+      }
     }
   }
-  if (completed_any) cv_.notify_all();
+  for (auto& [w, v] : completions) complete(*w, std::move(v), "");
   // 4. Wait for our own piece.
+  std::unique_lock<std::mutex> wl(me->m);
   while (!me->done) {
-    if (closed_) {
-      waiters_.erase(id);
-      TORCH_CHECK(false, "Unbatch: ", kClosed, " while waiting for the batched data");
+    const bool expired = me->deadline < Clock::now();
+    if (expired || closed_flag_.load()) {
+      // Leave the waiters, unless someone is already completing us (then wait for it).
+      wl.unlock();
+      bool removed = false;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        auto it = waiters_.find(id);
+        if (it != waiters_.end() && it->second == me) {
+          waiters_.erase(it);
+          removed = true;
+        }
+      }
+      wl.lock();
+      if (removed) {
+        TORCH_CHECK(!expired, "Batched data did not arrive within timeout window. (Unbatch: timeout_micros=",
+                    timeout_micros, ")");
+        TORCH_CHECK(false, "Unbatch: ", kClosed, " while waiting for the batched data");
+      }
+      while (!me->done) me->cv.wait_for(wl, std::chrono::milliseconds(10));
+      break;
     }
-    if (me->deadline < Clock::now()) {
-      waiters_.erase(id);
-      TORCH_CHECK(false, "Batched data did not arrive within timeout window. (Unbatch: timeout_micros=",
-                  timeout_micros, ")");
-    }
-    cv_.wait_until(lk, me->deadline + std::chrono::microseconds(1));
+    me->cv.wait_until(wl, me->deadline + std::chrono::microseconds(1));
   }
-  lk.unlock();
+  wl.unlock();
   TORCH_CHECK(me->error.empty(), me->error);
   return me->value;
 }
 
 void UnbatchResource::fail(const std::vector<int64_t>& keys, const std::string& message) {
+  std::vector<std::shared_ptr<Waiter>> failed;
   {
     std::lock_guard<std::mutex> lk(mu_);
     const auto deadline = deadline_after(Clock::now(), timeout_micros_);
     for (int64_t key : keys) {
       auto w = waiters_.find(key);
       if (w != waiters_.end()) {
-        w->second->done = true;
-        w->second->error = message;
+        failed.push_back(std::move(w->second));
         waiters_.erase(w);
       } else {
         pieces_[key] = Piece{at::Tensor(), message, deadline};
       }
     }
   }
-  cv_.notify_all();
+  for (auto& w : failed) complete(*w, at::Tensor(), message);
 }
 
 void UnbatchResource::close() {
+  std::vector<std::shared_ptr<Waiter>> all;
   {
     std::lock_guard<std::mutex> lk(mu_);
     closed_ = true;
+    closed_flag_ = true;
     pieces_.clear();
+    for (auto& kv : waiters_) all.push_back(std::move(kv.second));
+    waiters_.clear();
   }
-  cv_.notify_all();
+  for (auto& w : all)
+    complete(*w, at::Tensor(), std::string("Unbatch: ") + kClosed + " while waiting for the batched data");
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -6,7 +6,10 @@ load (1 client: batched minus unbatched median latency; it includes the wait for
 since a lone client never fills a batch). Targets (issue 4): batched throughput >= 3x unbatched at 16+
 clients; added latency at low load <= batch_timeout_micros + 200 us.
 """
+import os
 import statistics
+import subprocess
+import tempfile
 import threading
 import time
 import uuid
@@ -35,6 +38,7 @@ def _drive(fn, clients, seconds, device):
     errors = []
 
     def client(i):
+        torch.set_grad_enabled(False)  # inference serving (grad mode is per thread)
         x = torch.randn(1, IN, device=device)
         try:
             fn(x)  # warm-up
@@ -87,12 +91,40 @@ def _interleaved_latency(direct, batched, device, seconds):
     return statistics.median(d) * 1e6, statistics.median(b) * 1e6, b_sorted[int(0.99 * (len(b) - 1))] * 1e6
 
 
+def _cpp_driver():
+    """Builds (once, cached by torch.utils.cpp_extension) the libtorch driver of mode "cpp"."""
+    from torch.utils.cpp_extension import load
+
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "batching_driver.cpp")
+    return load(name="torchops_batching_bench_driver", sources=[src], extra_cflags=["-O2"], extra_ldflags=["-ldl"], is_standalone=True,
+                is_python_module=False, verbose=False)
+
+
+class _CppModel:
+    """A scripted model driven by N C++ threads of a separate libtorch process (no GIL)."""
+
+    def __init__(self, exe, scripted, tmpdir):
+        self.exe = exe
+        self.path = os.path.join(tmpdir, f"{uuid.uuid4().hex}.pt")
+        scripted.save(self.path)
+
+    def drive(self, clients, seconds):
+        p = subprocess.run([self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), str(IN)],
+                           capture_output=True, text=True, timeout=300)
+        if p.returncode != 0:
+            raise RuntimeError(f"batching bench driver failed: {p.stdout}{p.stderr}")
+        return tuple(float(v) for v in p.stdout.split())
+
+
 def _median_drive(fns, clients, seconds, device, rounds):
     """Alternates the callables `rounds` times; per callable the round with the median throughput."""
     per = [[] for _ in fns]
     for _ in range(rounds):
         for i, fn in enumerate(fns):
-            per[i].append(_drive(fn, clients, seconds, device))
+            if isinstance(fn, _CppModel):
+                per[i].append(fn.drive(clients, seconds))
+            else:
+                per[i].append(_drive(fn, clients, seconds, device))
     return [sorted(r)[len(r) // 2] for r in per]
 
 
@@ -109,23 +141,36 @@ def run(args):
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rows = []
+    modes = ["eager", "script"]
+    exe = None
+    if device.type == "cpu":
+        try:
+            exe = _cpp_driver()
+            modes.append("cpp")
+        except Exception as e:  # noqa: BLE001
+            print(f"batching: mode 'cpp' skipped (could not build the libtorch driver: {e})")
+    tmpdir = tempfile.mkdtemp(prefix="torchops-bench-")
     with torch.no_grad():
-        for mode in ("eager", "script"):
+        for mode in modes:
             for clients in CLIENTS:
                 batched = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=MAX_BATCH,
                                               batch_timeout_micros=TIMEOUT_US,
                                               shared_name=f"bench/{uuid.uuid4().hex}")
                 direct = mlp
-                if mode == "script":
+                if mode != "eager":
                     batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
+                if mode == "cpp":
+                    batched, direct = _CppModel(exe, batched, tmpdir), _CppModel(exe, direct, tmpdir)
                 (tp_u, p50_u, p99_u), (tp_b, p50_b, p99_b) = _median_drive([direct, batched], clients, seconds,
                                                                           device, rounds)
-                s = torchops.batching.stats(batched.shared_name)
-                rows.append({"mode": mode, "clients": clients, "unbatched_req/s": tp_u, "batched_req/s": tp_b,
-                             "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u, "unbatched_p99_us": p99_u,
-                             "batched_p50_us": p50_b, "batched_p99_us": p99_b,
-                             "mean_batch": s["rows"] / max(1, s["batches_formed"]),
-                             "queue_wait_p50_us": s["queue_wait_us"]["p50"]})
+                row = {"mode": mode, "clients": clients, "unbatched_req/s": tp_u, "batched_req/s": tp_b,
+                       "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u, "unbatched_p99_us": p99_u,
+                       "batched_p50_us": p50_b, "batched_p99_us": p99_b}
+                if mode != "cpp":  # (the cpp driver's queues live in its own process)
+                    s = torchops.batching.stats(batched.shared_name)
+                    row["mean_batch"] = s["rows"] / max(1, s["batches_formed"])
+                    row["queue_wait_p50_us"] = s["queue_wait_us"]["p50"]
+                rows.append(row)
         # The batcher's own cost at low load: one client, so every batch waits for its timeout and
         # ships alone; added = batched - unbatched median latency.
         added = []
@@ -142,7 +187,9 @@ def run(args):
     torch.set_num_threads(prev_threads)
     print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
                 f"nn.Batched(max_batch_size={MAX_BATCH}, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) "
-                f"vs direct calls ({device}; eager = Python calls, script = torch.jit.script'ed modules)", rows,
+                f"vs direct calls ({device}; eager = Python threads calling the modules, script = Python threads calling "
+                f"torch.jit.script'ed modules, cpp = C++ threads of a libtorch process calling the scripted modules)",
+                rows,
                 ["mode", "clients", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
                  "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
     print_table("batching: added latency per request at low load (1 client alternating direct and batched "
