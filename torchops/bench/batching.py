@@ -21,7 +21,7 @@ from ._timing import print_table
 
 IN, HIDDEN, OUT = 256, 1024, 256
 CLIENTS = [1, 4, 16, 32]
-MAX_BATCH = 16
+MAX_BATCH = [8, 32]
 TIMEOUT_US = 1000
 
 
@@ -39,6 +39,7 @@ def _drive(fn, clients, seconds, device):
 
     def client(i):
         torch.set_grad_enabled(False)  # inference serving (grad mode is per thread)
+        torch.set_num_threads(1)  # OpenMP's thread count is per thread too
         x = torch.randn(1, IN, device=device)
         try:
             fn(x)  # warm-up
@@ -109,8 +110,9 @@ class _CppModel:
         scripted.save(self.path)
 
     def drive(self, clients, seconds):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
         p = subprocess.run([self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), str(IN)],
-                           capture_output=True, text=True, timeout=300)
+                           capture_output=True, text=True, timeout=300, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"batching bench driver failed: {p.stdout}{p.stderr}")
         return tuple(float(v) for v in p.stdout.split())
@@ -133,11 +135,11 @@ def run(args):
     if device.type != "cpu":
         print("batching: the gradients of the batching ops are CPU-only; the forward benchmark runs on "
               f"{device} anyway")
-    seconds = 0.3 if args.quick else 1.0
-    rounds = 1 if args.quick else 3
+    seconds = 0.3 if args.quick else 0.7
+    rounds = 1 if args.quick else 2
     mlp = _mlp(device).eval()
-    # Serving-style: one intra-op thread per call (many client threads share the cores); both modes
-    # are measured under the same setting.
+    # Serving-style: one intra-op thread per call (many client threads share the cores); every mode
+    # is measured under the same setting.
     prev_threads = torch.get_num_threads()
     torch.set_num_threads(1)
     rows = []
@@ -153,44 +155,47 @@ def run(args):
     with torch.no_grad():
         for mode in modes:
             for clients in CLIENTS:
-                batched = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=MAX_BATCH,
-                                              batch_timeout_micros=TIMEOUT_US,
-                                              shared_name=f"bench/{uuid.uuid4().hex}")
-                direct = mlp
-                if mode != "eager":
-                    batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
+                direct = mlp if mode == "eager" else torch.jit.script(mlp)
                 if mode == "cpp":
-                    batched, direct = _CppModel(exe, batched, tmpdir), _CppModel(exe, direct, tmpdir)
-                (tp_u, p50_u, p99_u), (tp_b, p50_b, p99_b) = _median_drive([direct, batched], clients, seconds,
-                                                                          device, rounds)
-                row = {"mode": mode, "clients": clients, "unbatched_req/s": tp_u, "batched_req/s": tp_b,
-                       "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u, "unbatched_p99_us": p99_u,
-                       "batched_p50_us": p50_b, "batched_p99_us": p99_b}
-                if mode != "cpp":  # (the cpp driver's queues live in its own process)
-                    s = torchops.batching.stats(batched.shared_name)
-                    row["mean_batch"] = s["rows"] / max(1, s["batches_formed"])
-                    row["queue_wait_p50_us"] = s["queue_wait_us"]["p50"]
-                rows.append(row)
+                    direct = _CppModel(exe, direct, tmpdir)
+                batched = []
+                for max_batch in MAX_BATCH:
+                    b = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=max_batch,
+                                            batch_timeout_micros=TIMEOUT_US, shared_name=f"bench/{uuid.uuid4().hex}")
+                    if mode != "eager":
+                        b = torch.jit.script(b)
+                    batched.append(_CppModel(exe, b, tmpdir) if mode == "cpp" else b)
+                results = _median_drive([direct] + batched, clients, seconds, device, rounds)
+                tp_u, p50_u, p99_u = results[0]
+                for max_batch, b, (tp_b, p50_b, p99_b) in zip(MAX_BATCH, batched, results[1:]):
+                    row = {"mode": mode, "clients": clients, "max_batch": max_batch, "unbatched_req/s": tp_u,
+                           "batched_req/s": tp_b, "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u,
+                           "unbatched_p99_us": p99_u, "batched_p50_us": p50_b, "batched_p99_us": p99_b}
+                    if mode != "cpp":  # (the cpp driver's queues live in its own process)
+                        s = torchops.batching.stats(b.shared_name)
+                        row["mean_batch"] = s["rows"] / max(1, s["batches_formed"])
+                        row["queue_wait_p50_us"] = s["queue_wait_us"]["p50"]
+                    rows.append(row)
         # The batcher's own cost at low load: one client, so every batch waits for its timeout and
         # ships alone; added = batched - unbatched median latency.
         added = []
         for mode in ("eager", "script"):
             for timeout in (0, TIMEOUT_US):
-                batched = torchops.nn.Batched(mlp, 1, MAX_BATCH, timeout, shared_name=f"bench/{uuid.uuid4().hex}")
+                batched = torchops.nn.Batched(mlp, 1, MAX_BATCH[-1], timeout, shared_name=f"bench/{uuid.uuid4().hex}")
                 direct = mlp
                 if mode == "script":
                     batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
-                p50_u, p50_b, p99_b = _interleaved_latency(direct, batched, device, seconds * rounds)
+                p50_u, p50_b, p99_b = _interleaved_latency(direct, batched, device, 1.0 if args.quick else 2.0)
                 added.append({"mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
-                              "batched_p50_us": p50_b, "batched_p99_us": p99_b, "added_p50_us": p50_b - p50_u, "budget_us": timeout + 200,
-                              "met": p50_b - p50_u <= timeout + 200})
+                              "batched_p50_us": p50_b, "batched_p99_us": p99_b, "added_p50_us": p50_b - p50_u,
+                              "budget_us": timeout + 200, "met": p50_b - p50_u <= timeout + 200})
     torch.set_num_threads(prev_threads)
     print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
-                f"nn.Batched(max_batch_size={MAX_BATCH}, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) "
-                f"vs direct calls ({device}; eager = Python threads calling the modules, script = Python threads calling "
-                f"torch.jit.script'ed modules, cpp = C++ threads of a libtorch process calling the scripted modules)",
-                rows,
-                ["mode", "clients", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
+                f"nn.Batched(max_batch_size=max_batch, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) "
+                f"vs direct calls ({device}; eager = Python threads calling the modules, script = Python threads "
+                f"calling torch.jit.script'ed modules, cpp = C++ threads of a libtorch process calling the scripted "
+                f"modules)", rows,
+                ["mode", "clients", "max_batch", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
                  "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
     print_table("batching: added latency per request at low load (1 client alternating direct and batched "
                 "calls, medians)", added,

@@ -37,6 +37,7 @@ int main(int argc, char** argv) {
   for (int i = 0; i < clients; ++i) {
     pool.emplace_back([&, i] {
       torch::NoGradGuard no_grad;
+      at::set_num_threads(1);  // OpenMP's thread count is per thread
       auto x = torch::randn({1, in_features});
       model.forward({x});
       ++ready;
