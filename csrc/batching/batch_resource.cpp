@@ -151,6 +151,8 @@ struct Task {
   std::weak_ptr<Batch> batch;
   Queue* queue = nullptr;
   Clock::time_point due;  // its batch's timeout
+  bool first = false;     // the batch's first task: the one that ships it at its timeout
+  std::atomic<bool> done_flag{false};  // done, readable without mu (spin)
   // completion (guarded by mu)
   std::mutex mu;
   std::condition_variable cv;
@@ -208,6 +210,7 @@ void complete(Task& t, bool holder, std::vector<at::Tensor> batched, at::Tensor 
     t.index = std::move(index);
     t.error = error;
   }
+  t.done_flag.store(true, std::memory_order_release);
   t.cv.notify_all();
 }
 
@@ -439,6 +442,7 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
     task->enqueued = Clock::now();
     if (open->tasks.empty()) {
       open->start = task->enqueued;
+      task->first = true;
       notify = true;  // a new deadline for the workers to watch
     }
     open->tasks.push_back(task);
@@ -466,7 +470,8 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
   }
 
   std::unique_lock<std::mutex> tl(task->mu);
-  bool tried_own = false;
+  // Only the batch's first task ships it at its timeout (the others just wait to be completed).
+  bool tried_own = !task->first;
   while (!task->done) {
     if (state_->workers_gone.load() && !task->done) {
       // Cannot happen in normal operation (workers flush before exiting); never hang regardless.
@@ -501,7 +506,8 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
         task->cv.wait_until(tl, spin_from);
       } else {
         tl.unlock();
-        while (Clock::now() < task->due) std::this_thread::yield();
+        while (Clock::now() < task->due && !task->done_flag.load(std::memory_order_acquire))
+          std::this_thread::yield();
         tl.lock();
       }
     } else
