@@ -124,6 +124,15 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
     }
   }
   auto res = get_or_create_unbatch(std::string(container), std::string(shared_name), timeout_micros);
+  if (pieces.empty()) {
+    on_batching_call(nullptr);  // release before blocking
+    return res->run(my, std::move(pieces), timeout_micros);
+  }
+  const int64_t last_row_id = pieces.back().first;
+  struct Release {
+    int64_t id;
+    ~Release() { on_batching_call(&id); }  // after the rows are stored (or on error)
+  } release{last_row_id};
   return res->run(my, std::move(pieces), timeout_micros);
 }
 
@@ -136,6 +145,7 @@ at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tenso
   TORCH_CHECK_VALUE(batch_index.scalar_type() == at::kLong, "UnbatchGrad: batch_index must be int64, got ",
                     batch_index.scalar_type());
   const int64_t my = scalar_id(id);
+  on_batching_call(nullptr);
   auto res = get_or_create_unbatch_grad(std::string(container), std::string(shared_name));
   return res->run(original_input, batch_index, grad, my, timeout_micros);
 }
@@ -163,6 +173,7 @@ void unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::
   std::vector<int64_t> keys;
   for (int64_t j = 0; j < idx.size(0); ++j) keys.push_back(p[3 * j]);
   res->fail(keys, std::string(message));
+  on_batching_call(nullptr);
 }
 
 }  // namespace

@@ -769,6 +769,48 @@ def test_interpreter_exit_with_pending_work_does_not_hang():
     assert time.monotonic() - t0 < 45
 
 
+def test_deferred_release_engages_and_falls_back():
+    name = uniq()
+    slow = [False]
+
+    def client(t):
+        def run():
+            for r in range(15):
+                x = torch.tensor([float(1000 * t + r)])
+                b, idx, id_ = ops.batch([x], 1, 4, 100_000, 0, shared_name=name)
+                if idx.shape[0] and slow[0]:
+                    time.sleep(0.05)  # longer than the longest fallback (20 ms)
+                y = b[0] * 2 if idx.shape[0] else b[0]
+                out = ops.unbatch(y, idx, id_, 10 * S, shared_name=name + "/u")
+                assert out.tolist() == [x.item() * 2]
+        return run
+
+    _, errors = run_threads([client(t) for t in range(4)])
+    no_errors(errors)
+    d = stats(name)["deferred_release"]
+    assert d["batches"] > 0  # the other calls were released by the holder's Unbatch
+    slow[0] = True
+    _, errors = run_threads([client(t) for t in range(4)])
+    no_errors(errors)
+    assert stats(name)["deferred_release"]["fallbacks"] >= 1  # released by the deadline instead
+
+    # switching to Batch without Unbatch: a holder that calls batch again releases its peers first
+    name2 = uniq()
+
+    def holder_loop(t):
+        def run():
+            for r in range(10):
+                b, idx, id_ = ops.batch([torch.ones(1)], 1, 2, 100_000, 0, shared_name=name2)
+                if r < 5:  # Batch -> Unbatch (engages deferral), then plain Batch calls
+                    ops.unbatch(b[0], idx, id_, 10 * S, shared_name=name2 + "/u")
+        return run
+
+    t0 = time.monotonic()
+    _, errors = run_threads([holder_loop(t) for t in range(2)])
+    no_errors(errors)
+    assert time.monotonic() - t0 < 5
+
+
 # ---------------------------------------------------------------------------------------------
 # Stress (issue: >= 32 threads x 500 requests of random sizes)
 

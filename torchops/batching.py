@@ -28,6 +28,8 @@ def stats(shared_name: str = "", container: str = "", batching_queue: str = "") 
 
     `tasks`, `batches_formed`, `batches_failed` (batches whose concatenation failed; every task of
     such a batch got the error), `rows` (unpadded rows processed), `padding_rows`,
+    `deferred_release` ({"batches": n, "fallbacks": m}: batches whose other calls were released by the
+    holder's Unbatch, and how many of those by the fallback deadline instead; see docs/batching.md),
     `batch_size_histogram` ({padded batch size: count}), `rejections` ({"queue_full" |
     "task_too_large" | "invalid_input": count}) and `queue_wait_us` (count, total, mean, max, p50,
     p99 of the time from enqueue to the start of processing; percentiles over the latest 8192 tasks).

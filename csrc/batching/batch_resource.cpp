@@ -118,6 +118,8 @@ std::string QueueStats::to_json() const {
   };
   ss << "{\"tasks\": " << tasks << ", \"batches_formed\": " << batches_formed
      << ", \"batches_failed\": " << batches_failed << ", \"rows\": " << rows << ", \"padding_rows\": " << padding_rows
+     << ", \"deferred_release\": {\"batches\": " << deferred_batches << ", \"fallbacks\": " << deferred_fallbacks
+     << "}"
      << ", \"batch_size_histogram\": {";
   bool first = true;
   for (const auto& [size, count] : batch_size_histogram) {
@@ -141,6 +143,7 @@ std::string QueueStats::to_json() const {
 
 struct Batch;
 struct Queue;
+struct DeferredGroup;
 
 struct Task {
   std::vector<at::Tensor> inputs;
@@ -152,6 +155,7 @@ struct Task {
   Queue* queue = nullptr;
   Clock::time_point due;  // its batch's timeout
   bool first = false;     // the batch's first task: the one that ships it at its timeout
+  std::shared_ptr<DeferredGroup> group;  // holder only: the calls it releases (deferred release)
   std::atomic<bool> done_flag{false};  // done, readable without mu (spin)
   // completion (guarded by mu)
   std::mutex mu;
@@ -161,6 +165,22 @@ struct Task {
   std::vector<at::Tensor> batched;
   at::Tensor index;
   std::string error;
+};
+
+// Deferred release (an optimization of the Batch -> model -> Unbatch pattern). A call that does not
+// hold its batch has nothing to do but call Unbatch and wait there for its rows; waking it when the
+// batch is formed and again when the rows arrive costs two thread hand-offs per request. Once a
+// resource has seen its holders call Unbatch right after Batch, the other calls of a batch are
+// released when the holder's thread makes its next batching call (its Unbatch, after it has stored
+// everyone's rows), so they find their rows at once: one hand-off per request. Their outputs are
+// complete when the batch is formed (empty tensors and their id), so only the moment of release
+// changes. A fallback deadline (a few times the observed Batch -> Unbatch gap, 1-20 ms) releases
+// them if the holder does not call back in time (and turns the optimization off until seen again).
+struct DeferredGroup {
+  std::vector<std::shared_ptr<Task>> tasks;
+  QueueStats* stats = nullptr;  // guarded by the state's mutex
+  Clock::time_point deadline;
+  std::atomic<bool> released{false};
 };
 
 struct Batch {
@@ -185,6 +205,10 @@ struct BatchState {
   size_t cursor = 0;
   int live_workers = 0;
   std::atomic<bool> workers_gone{false};
+  // deferred release (see DeferredGroup)
+  bool defer = false;
+  double gap_ewma_us = 0;
+  std::vector<std::shared_ptr<DeferredGroup>> deferred;
 
   Queue& queue_locked(const std::string& name) {
     auto it = queues.find(name);
@@ -200,6 +224,28 @@ struct BatchState {
 };
 
 namespace {
+
+constexpr int64_t kDeferMinMicros = 1000, kDeferMaxMicros = 20000;
+
+void complete(Task& t, bool holder, std::vector<at::Tensor> batched, at::Tensor index, const std::string& error);
+
+void release_group(DeferredGroup& g) {
+  if (g.released.exchange(true)) return;
+  for (auto& t : g.tasks) complete(*t, false, {}, at::Tensor(), "");
+}
+
+// This thread's last held batch, while its deferred calls wait for the thread's next batching call.
+struct ThreadHolder {
+  std::weak_ptr<BatchState> state;
+  std::shared_ptr<DeferredGroup> group;
+  int64_t holder_id = 0;
+  Clock::time_point processed;
+  bool active = false;
+  ~ThreadHolder() {
+    if (group) release_group(*group);  // the thread exits: release at once
+  }
+};
+thread_local ThreadHolder t_holder;
 
 void complete(Task& t, bool holder, std::vector<at::Tensor> batched, at::Tensor index, const std::string& error) {
   {
@@ -280,8 +326,18 @@ void process_batch(BatchState& s, Queue& q, Batch& b) {
   } catch (const std::exception& e) {
     error = error_text(e);
   }
+  std::shared_ptr<DeferredGroup> group;
   {
     std::lock_guard<std::mutex> lk(s.mu);
+    if (s.defer && !s.closed && error.empty() && k > 1) {
+      group = std::make_shared<DeferredGroup>();
+      group->tasks.assign(tasks.begin(), tasks.end() - 1);
+      const double fallback = std::clamp(4.0 * s.gap_ewma_us, double(kDeferMinMicros), double(kDeferMaxMicros));
+      group->deadline = Clock::now() + std::chrono::microseconds(static_cast<int64_t>(fallback));
+      group->stats = &q.stats;
+      ++q.stats.deferred_batches;
+      s.deferred.push_back(group);
+    }
     auto& st = q.stats;
     ++st.batches_formed;
     if (!error.empty()) {
@@ -299,8 +355,9 @@ void process_batch(BatchState& s, Queue& q, Batch& b) {
     if (!error.empty()) {
       complete(*tasks[j], false, {}, at::Tensor(), error);
     } else if (holder) {
+      tasks[j]->group = group;  // published to the holder's thread by complete()'s mutex
       complete(*tasks[j], true, std::move(outs), index, "");
-    } else {
+    } else if (!group) {
       complete(*tasks[j], false, {}, at::Tensor(), "");
     }
   }
@@ -315,6 +372,28 @@ void worker_loop(std::shared_ptr<BatchState> s) {
   while (true) {
     const auto now = Clock::now();
     auto next_wake = now + std::chrono::milliseconds(100);
+    // Deferred releases whose holder did not call back in time (or everything, when closing).
+    std::vector<std::shared_ptr<DeferredGroup>> overdue;
+    for (auto it = s->deferred.begin(); it != s->deferred.end();) {
+      if ((*it)->released.load()) {
+        it = s->deferred.erase(it);
+      } else if (s->closed || now >= (*it)->deadline) {
+        if (!s->closed) ++(*it)->stats->deferred_fallbacks;
+        overdue.push_back(*it);
+        it = s->deferred.erase(it);
+      } else {
+        next_wake = std::min(next_wake, (*it)->deadline);
+        ++it;
+      }
+    }
+    if (!overdue.empty()) {
+      s->defer = false;  // the holders do not call Unbatch promptly: stop deferring until seen again
+      lk.unlock();
+      for (auto& g : overdue) release_group(*g);
+      lk.lock();
+      continue;
+    }
+    if (s->defer) next_wake = std::min(next_wake, now + std::chrono::milliseconds(2));  // watch new groups
     std::shared_ptr<Batch> batch;
     Queue* from = nullptr;
     const size_t nq = s->order.size();
@@ -347,7 +426,7 @@ void worker_loop(std::shared_ptr<BatchState> s) {
       lk.lock();
       continue;
     }
-    if (s->closed) break;  // closed and nothing left: every queued batch was flushed
+    if (s->closed && s->deferred.empty()) break;  // closed and nothing left: everything was flushed
     s->cv.wait_until(lk, next_wake);
   }
   if (--s->live_workers == 0) s->workers_gone = true;
@@ -356,6 +435,23 @@ void worker_loop(std::shared_ptr<BatchState> s) {
 }
 
 }  // namespace
+
+void on_batching_call(const int64_t* last_row_id) {
+  auto& t = t_holder;
+  if (!t.active) return;
+  t.active = false;
+  auto group = std::move(t.group);
+  auto state = t.state.lock();
+  t.state.reset();
+  if (state && last_row_id && *last_row_id == t.holder_id) {
+    // The holder unbatches its own batch: the pattern deferred release is made for.
+    const double gap = std::chrono::duration<double, std::micro>(Clock::now() - t.processed).count();
+    std::lock_guard<std::mutex> lk(state->mu);
+    state->gap_ewma_us = state->gap_ewma_us == 0 ? gap : 0.8 * state->gap_ewma_us + 0.2 * gap;
+    if (!state->closed && gap < kDeferMaxMicros / 4) state->defer = true;
+  }
+  if (group) release_group(*group);
+}
 
 // ---------------------------------------------------------------------------------------------
 // BatchResource
@@ -393,6 +489,11 @@ BatchResource::~BatchResource() {
 void BatchResource::close(bool wait) {
   std::unique_lock<std::mutex> lk(state_->mu);
   state_->closed = true;
+  std::vector<std::shared_ptr<DeferredGroup>> deferred;
+  deferred.swap(state_->deferred);
+  lk.unlock();
+  for (auto& g : deferred) release_group(*g);
+  lk.lock();
   state_->cv.notify_all();
   if (wait) {
     // Flushing is bounded work (concatenations); give up waiting after a generous deadline.
@@ -410,6 +511,7 @@ void BatchResource::close(bool wait) {
 }
 
 BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string& queue_name) {
+  on_batching_call(nullptr);  // never block while holding back the calls of an earlier batch
   auto task = std::make_shared<Task>();
   task->size = inputs[0].size(0);
   task->id = new_id();
@@ -519,6 +621,11 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
   if (task->holder) {
     out.batched = std::move(task->batched);
     out.batch_index = std::move(task->index);
+    t_holder.state = state_;
+    t_holder.group = std::move(task->group);
+    t_holder.holder_id = task->id;
+    t_holder.processed = Clock::now();
+    t_holder.active = true;
   } else {
     out.batched.reserve(task->inputs.size());
     for (const auto& t : task->inputs) {

@@ -59,6 +59,8 @@ struct QueueStats {
   int64_t batches_failed = 0;
   int64_t padding_rows = 0;
   int64_t rows = 0;  // unpadded rows processed
+  int64_t deferred_batches = 0;    // batches whose other calls were released by the holder's Unbatch
+  int64_t deferred_fallbacks = 0;  // ... of which released by the fallback deadline instead
   std::map<int64_t, int64_t> batch_size_histogram;  // padded size -> count
   std::map<std::string, int64_t> rejections;        // reason -> count
   int64_t wait_count = 0;
@@ -182,6 +184,11 @@ std::string stats_json(const std::string& container, const std::string& shared_n
 std::string list_queues_json();
 
 int64_t new_id();
+
+// Deferred release (batch_resource.cpp): every batching op calls this on entry (Unbatch: after storing
+// a non-empty batch's rows, with the id of its batch_index's last row) so that the calls held back by
+// this thread's last batch are released before the thread blocks or once it has unbatched.
+void on_batching_call(const int64_t* last_row_id);
 
 }  // namespace batching
 }  // namespace torchops
