@@ -543,9 +543,10 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
     }
     task->enqueued = Clock::now();
     if (open->tasks.empty()) {
+      // The batch's first task ships it at its timeout itself (see the wait below), so the workers
+      // need not be woken for the new deadline (they still look at least every 100 ms).
       open->start = task->enqueued;
       task->first = true;
-      notify = true;  // a new deadline for the workers to watch
     }
     open->tasks.push_back(task);
     open->size += task->size;
