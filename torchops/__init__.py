@@ -11,6 +11,7 @@ library_path = _loader.load()
 
 from . import _fake  # noqa: E402,F401  (registers fake kernels)
 from . import autograd, functional, nn  # noqa: E402,F401
+from . import batching  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

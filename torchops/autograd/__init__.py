@@ -6,5 +6,7 @@ forward/backward pair as an explicit Python Function.
 """
 from .block_rnn import BlockGRU, BlockLSTM, BlockLSTMV2, GRUBlockCell, LSTMBlockCell
 from .fused_batch_norm import FusedBatchNormV3
+from .batching import Batch, Unbatch
 
-__all__ = ["FusedBatchNormV3", "GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM", "BlockLSTMV2"]
+__all__ = ["FusedBatchNormV3", "GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM", "BlockLSTMV2", "Batch",
+           "Unbatch"]

@@ -11,12 +11,13 @@ import torch
 
 import torchops  # noqa: F401  (loads the ops)
 
-from . import block_rnn, fused_batch_norm
+from . import batching, block_rnn, fused_batch_norm
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
     "bn": fused_batch_norm,
     "rnn": block_rnn,
+    "batching": batching,
 }
 
 

@@ -1,5 +1,7 @@
 """Typed, TorchScript-scriptable wrappers around torch.ops.torchops.*, one module per family."""
 from .block_rnn import block_gru, block_lstm, block_lstm_v2, gru_block_cell, lstm_block_cell
 from .fused_batch_norm import fused_batch_norm
+from .batching import batch, unbatch, unbatch_grad
 
-__all__ = ["fused_batch_norm", "gru_block_cell", "block_gru", "lstm_block_cell", "block_lstm", "block_lstm_v2"]
+__all__ = ["fused_batch_norm", "gru_block_cell", "block_gru", "lstm_block_cell", "block_lstm", "block_lstm_v2", "batch",
+           "unbatch", "unbatch_grad"]

@@ -1,5 +1,7 @@
 """Drop-in `torch.nn` modules backed by torchops ops, one module per family."""
 from .block_rnn import BlockGRU, BlockLSTM, GRUBlockCell, LSTMBlockCell
 from .fused_batch_norm import BatchNorm2d, BatchNorm3d, convert_batchnorm
+from .batching import Batched
 
-__all__ = ["BatchNorm2d", "BatchNorm3d", "convert_batchnorm", "GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM"]
+__all__ = ["BatchNorm2d", "BatchNorm3d", "convert_batchnorm", "GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM",
+           "Batched"]

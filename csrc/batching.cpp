@@ -1,0 +1,208 @@
+// Batch / Unbatch / UnbatchGrad: schemas, validation (TF's order and messages, spec §4-§6) and the
+// device-independent kernels (registered at CompositeExplicitAutograd: the work is ATen concatenation
+// and slicing, so every device works; the autograd at the Autograd key is CPU-only, spec §7).
+// The stateful resources live in csrc/batching/.
+#include "batching/batching.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <sstream>
+#include <tuple>
+
+namespace torchops {
+namespace batching {
+namespace {
+
+std::string describe(at::TensorList ts) {
+  std::ostringstream ss;
+  for (size_t i = 0; i < ts.size(); ++i) ss << (i ? ", " : " ") << "in_tensors[" << i << "]: " << ts[i].sizes();
+  return ss.str();
+}
+
+std::string debug_string(const at::Tensor& t) {
+  std::ostringstream ss;
+  ss << "Tensor<type: " << t.scalar_type() << " shape: " << t.sizes() << ">";
+  return ss.str();
+}
+
+int64_t scalar_id(const at::Tensor& id) {
+  TORCH_CHECK(id.scalar_type() == at::kLong, "id must be an int64 tensor, got ", id.scalar_type());
+  return id.item<int64_t>();
+}
+
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
+    at::TensorList in_tensors, int64_t num_batch_threads, int64_t max_batch_size, int64_t batch_timeout_micros,
+    int64_t grad_timeout_micros, int64_t max_enqueued_batches, at::IntArrayRef allowed_batch_sizes,
+    c10::string_view container, c10::string_view shared_name, c10::string_view batching_queue) {
+  InFlight in_flight;
+  BatchOptions o;
+  o.num_batch_threads = num_batch_threads;
+  o.max_batch_size = max_batch_size;
+  o.batch_timeout_micros = batch_timeout_micros;
+  o.grad_timeout_micros = grad_timeout_micros;
+  o.max_enqueued_batches = max_enqueued_batches;
+  o.allowed_batch_sizes.assign(allowed_batch_sizes.begin(), allowed_batch_sizes.end());
+  validate_options(o);
+  TORCH_CHECK_VALUE(!in_tensors.empty(), "Batch: in_tensors must contain at least one tensor, got an empty list");
+  const std::string queue(batching_queue);
+  auto res = get_or_create_batch(std::string(container), std::string(shared_name), o);
+  for (const auto& t : in_tensors) {
+    if (t.dim() == 0) {
+      res->record_rejection(queue, "invalid_input");
+      TORCH_CHECK_VALUE(false, "Batching input tensors must have at least one dimension.", describe(in_tensors));
+    }
+  }
+  for (const auto& t : in_tensors) {
+    if (t.size(0) != in_tensors[0].size(0)) {
+      res->record_rejection(queue, "invalid_input");
+      TORCH_CHECK_VALUE(false,
+                        "Batching input tensors supplied in a given op invocation must have equal 0th-dimension size.",
+                        describe(in_tensors));
+    }
+  }
+  if (in_tensors[0].size(0) == 0) {
+    // Degenerate empty input (spec §4.2): every output is a 1-D [0] tensor, nothing is enqueued.
+    std::vector<at::Tensor> outs;
+    for (const auto& t : in_tensors) outs.push_back(at::empty({0}, t.options()));
+    auto opts = in_tensors[0].options().dtype(at::kLong);
+    return {outs, at::empty({0}, opts), at::empty({0}, opts)};
+  }
+  std::vector<at::Tensor> inputs(in_tensors.begin(), in_tensors.end());
+  BatchOutput out = res->run(std::move(inputs), queue);
+  const auto dev = in_tensors[0].device();
+  at::Tensor id = at::empty({}, at::TensorOptions().dtype(at::kLong));
+  id.fill_(out.id);
+  return {out.batched, out.batch_index.to(dev), id.to(dev)};
+}
+
+// Validation in TF's order (spec §5.1), then the sequential split.
+at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& batch_index, const at::Tensor& id,
+                          int64_t timeout_micros, c10::string_view container, c10::string_view shared_name) {
+  InFlight in_flight;
+  TORCH_CHECK_VALUE(batched_tensor.dim() >= 1, "Unbatch: batched_tensor must have at least one dimension, got shape ",
+                    batched_tensor.sizes());
+  const int64_t d0 = batched_tensor.size(0);
+  TORCH_CHECK_VALUE(batch_index.dim() == 0 || batch_index.size(0) <= d0,
+                    "Wrong shape for index tensor. Expected 0th dimension size to be no greater than ", d0,
+                    "; Got: ", batch_index.dim() >= 1 ? batch_index.size(0) : 0, ".");
+  TORCH_CHECK_VALUE(batch_index.dim() >= 2 && batch_index.size(1) == 3,
+                    "Wrong shape for index tensor. Expected 1st dimension size to be 3 ; Got: ",
+                    batch_index.dim() >= 2 ? std::to_string(batch_index.size(1))
+                                           : "a rank-" + std::to_string(batch_index.dim()) + " batch_index of shape " +
+                                                 c10::str(batch_index.sizes()),
+                    ".");
+  TORCH_CHECK_VALUE(id.dim() == 0, "Input id should be scalar; Got: ", debug_string(id), ".");
+  TORCH_CHECK_VALUE(batch_index.dim() == 2, "Unbatch: batch_index must be 2-dimensional [K, 3], got shape ",
+                    batch_index.sizes());
+  TORCH_CHECK_VALUE(batch_index.scalar_type() == at::kLong, "Unbatch: batch_index must be int64, got ",
+                    batch_index.scalar_type());
+  TORCH_CHECK_VALUE(timeout_micros >= 0, "Unbatch: timeout_micros must be non-negative; was ", timeout_micros);
+  const int64_t my = scalar_id(id);
+  std::vector<std::pair<int64_t, at::Tensor>> pieces;
+  const int64_t k = batch_index.size(0);
+  if (k > 0) {
+    const at::Tensor idx = batch_index.to(at::kCPU).contiguous();
+    const int64_t* p = idx.data_ptr<int64_t>();
+    int64_t total = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t size = p[3 * j + 2] - p[3 * j + 1];
+      TORCH_CHECK_VALUE(size >= 0, "Unbatch: batch_index row ", j, " has end ", p[3 * j + 2], " before start ",
+                        p[3 * j + 1], " (negative split size)");
+      total += size;
+    }
+    TORCH_CHECK_VALUE(total <= d0, "Sum of split sizes must not exceed dim0-size of input tensor; sizes sum to ",
+                      total, " but batched_tensor has ", d0, " rows");
+    int64_t offset = 0;
+    pieces.reserve(k);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t size = p[3 * j + 2] - p[3 * j + 1];
+      pieces.emplace_back(p[3 * j], batched_tensor.narrow(0, offset, size).clone());
+      offset += size;
+    }
+  }
+  auto res = get_or_create_unbatch(std::string(container), std::string(shared_name), timeout_micros);
+  if (pieces.empty()) {
+    on_batching_call(nullptr);  // release before blocking
+    return res->run(my, std::move(pieces), timeout_micros);
+  }
+  const int64_t last_row_id = pieces.back().first;
+  struct Release {
+    int64_t id;
+    ~Release() { on_batching_call(&id); }  // after the rows are stored (or on error)
+  } release{last_row_id};
+  return res->run(my, std::move(pieces), timeout_micros);
+}
+
+at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tensor& batch_index, const at::Tensor& grad,
+                               const at::Tensor& id, c10::string_view container, c10::string_view shared_name,
+                               int64_t timeout_micros) {
+  InFlight in_flight;
+  TORCH_CHECK_VALUE(id.dim() == 0, "Expected `id` to be scalar. Received ", debug_string(id));
+  TORCH_CHECK_VALUE(grad.dim() >= 1, "UnbatchGrad: grad must have at least one dimension, got shape ", grad.sizes());
+  TORCH_CHECK_VALUE(batch_index.scalar_type() == at::kLong, "UnbatchGrad: batch_index must be int64, got ",
+                    batch_index.scalar_type());
+  const int64_t my = scalar_id(id);
+  on_batching_call(nullptr);
+  auto res = get_or_create_unbatch_grad(std::string(container), std::string(shared_name));
+  return res->run(original_input, batch_index, grad, my, timeout_micros);
+}
+
+// Python-side helpers (no tensors; not traced by torch.compile).
+std::string batching_stats(c10::string_view container, c10::string_view shared_name,
+                           c10::string_view batching_queue) {
+  return stats_json(std::string(container), std::string(shared_name), std::string(batching_queue));
+}
+
+std::string batching_list_queues() { return list_queues_json(); }
+
+void batching_close_all(bool shutdown) { close_all(shutdown); }
+
+int64_t batching_in_flight() { return in_flight(); }
+
+void unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::string_view container,
+                  c10::string_view shared_name) {
+  auto res = find_unbatch(std::string(container), std::string(shared_name));
+  if (!res || batch_index.numel() == 0) return;
+  TORCH_CHECK_VALUE(batch_index.dim() == 2 && batch_index.size(1) == 3,
+                    "_unbatch_fail: batch_index must have shape [K, 3], got ", batch_index.sizes());
+  const at::Tensor idx = batch_index.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* p = idx.data_ptr<int64_t>();
+  std::vector<int64_t> keys;
+  for (int64_t j = 0; j < idx.size(0); ++j) keys.push_back(p[3 * j]);
+  res->fail(keys, std::string(message));
+  on_batching_call(nullptr);
+}
+
+}  // namespace
+}  // namespace batching
+}  // namespace torchops
+
+TORCH_LIBRARY_FRAGMENT(torchops, m) {
+  m.def(
+      "batch(Tensor[] in_tensors, int num_batch_threads, int max_batch_size, int batch_timeout_micros, "
+      "int grad_timeout_micros, int max_enqueued_batches=10, int[] allowed_batch_sizes=[], str container=\"\", "
+      "str shared_name=\"\", str batching_queue=\"\") -> (Tensor[] batched_tensors, Tensor batch_index, Tensor id)");
+  m.def(
+      "unbatch(Tensor batched_tensor, Tensor batch_index, Tensor id, int timeout_micros, str container=\"\", "
+      "str shared_name=\"\") -> Tensor unbatched_tensor");
+  m.def(
+      "unbatch_grad(Tensor original_input, Tensor batch_index, Tensor grad, Tensor id, str container=\"\", "
+      "str shared_name=\"\", int timeout_micros=-1) -> Tensor batched_grad");
+  // Helpers of the Python front (torchops.batching): statistics, listing, shutdown, error fan-out.
+  m.def("_batching_stats(str container, str shared_name, str batching_queue) -> str",
+        &torchops::batching::batching_stats);
+  m.def("_batching_list_queues() -> str", &torchops::batching::batching_list_queues);
+  m.def("_batching_close_all(bool shutdown=False) -> ()", &torchops::batching::batching_close_all);
+  m.def("_batching_in_flight() -> int", &torchops::batching::batching_in_flight);
+  m.def("_unbatch_fail(Tensor batch_index, str message, str container=\"\", str shared_name=\"\") -> ()",
+        &torchops::batching::unbatch_fail);
+}
+
+TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) {
+  m.impl("batch", &torchops::batching::batch_kernel);
+  m.impl("unbatch", &torchops::batching::unbatch_kernel);
+  m.impl("unbatch_grad", &torchops::batching::unbatch_grad_kernel);
+}

@@ -1,0 +1,986 @@
+"""Batch / Unbatch / UnbatchGrad (spec shared/specs/batching.md): TF's batch_ops tests, scheduler
+behaviour, torchops' decisions (rules 19-24), gradients, close/no-hang, stress, TorchScript."""
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import uuid
+
+import pytest
+import torch
+
+import torchops
+from torchops.batching import batch_function, close_all, stats
+
+pytestmark = pytest.mark.timeout(60)
+
+ops = torch.ops.torchops
+S = 1_000_000  # one second in microseconds
+
+
+def uniq(prefix="t"):
+    return f"{prefix}-{uuid.uuid4().hex}"
+
+
+def run_threads(fns, timeout=30.0, stagger=0.0):
+    """Runs each callable on its own thread; returns (results, errors). Fails if any thread hangs."""
+    results = [None] * len(fns)
+    errors = [None] * len(fns)
+
+    def wrap(i):
+        try:
+            results[i] = fns[i]()
+        except BaseException as e:  # noqa: BLE001
+            errors[i] = e
+
+    threads = [threading.Thread(target=wrap, args=(i,), daemon=True) for i in range(len(fns))]
+    for t in threads:
+        t.start()
+        if stagger:
+            time.sleep(stagger)
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "a thread hung"
+    return results, errors
+
+
+def wait_for_tasks(name, n, container="", queue="", timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if stats(name, container, queue)["tasks"] >= n:
+                return
+        except KeyError:
+            pass
+        time.sleep(0.002)
+    raise AssertionError(f"{n} tasks never reached queue {name}")
+
+
+def wait_in_flight(n, timeout=10.0):
+    """Waits until at least n calls are inside the batching ops (blocked), plus a little margin."""
+    deadline = time.monotonic() + timeout
+    while torch.ops.torchops._batching_in_flight() < n:
+        assert time.monotonic() < deadline, f"{n} calls never blocked in the batching ops"
+        time.sleep(0.002)
+    time.sleep(0.05)
+
+
+def no_errors(errors):
+    for e in errors:
+        if e is not None:
+            raise e
+
+
+# ---------------------------------------------------------------------------------------------
+# TF batch_ops_test.py ports (§11.1)
+
+def test_basic_batch():
+    name = uniq()
+
+    def call(v):
+        return lambda: ops.batch([torch.tensor([v], dtype=torch.int32)], 1, 2, 36 * S, 0, shared_name=name)
+
+    (r1, r2), errors = run_threads([call(1), call(2)])
+    no_errors(errors)
+    holders = [r for r in (r1, r2) if r[1].shape[0] > 0]
+    others = [r for r in (r1, r2) if r[1].shape[0] == 0]
+    assert len(holders) == 1 and len(others) == 1
+    (hb, hi, hid), (ob, oi, oid) = holders[0], others[0]
+    assert sorted(hb[0].tolist()) == [1, 2] and hb[0].dtype == torch.int32
+    assert hi.shape == (2, 3) and hi.dtype == torch.int64
+    assert ob[0].shape == (0,) and ob[0].dtype == torch.int32 and oi.shape == (0, 3)
+    assert hid.dim() == 0 and oid.dim() == 0 and hid.dtype == torch.int64
+    assert hid.item() != oid.item()
+    assert sorted(hi[:, 0].tolist()) == sorted([hid.item(), oid.item()])
+    # the holder is the last task; its own row is the last one
+    assert hi[1, 0].item() == hid.item()
+    # batch_index rows are [id, start, end) with an exclusive end; the values follow the rows
+    for row in hi.tolist():
+        own = r1 if row[0] == r1[2].item() else r2
+        assert row[2] - row[1] == 1
+        assert hb[0][row[1]:row[2]].tolist() == [1 if own is r1 else 2]
+
+
+def test_batch_with_padding():
+    name = uniq()
+    call = lambda v: lambda: ops.batch([torch.tensor(v)], 1, 10, 100_000, 0, allowed_batch_sizes=[5, 10],  # noqa: E731
+                                       shared_name=name)
+
+    def second():
+        wait_for_tasks(name, 1)  # A is enqueued first
+        return call([2, 4])()
+
+    t0 = time.monotonic()
+    (a, b), errors = run_threads([call([1, 3]), second])
+    no_errors(errors)
+    assert time.monotonic() - t0 >= 0.09  # shipped by the 100 ms timeout, not before
+    # A came first, B last: B holds the batch; padding repeats row 0 of the first task
+    assert b[0][0].tolist() == [1, 3, 2, 4, 1]
+    assert b[1].tolist() == [[a[2].item(), 0, 2], [b[2].item(), 2, 4]]
+    assert a[0][0].shape == (0,) and a[1].shape == (0, 3)
+    s = stats(name)
+    assert s["batches_formed"] == 1 and s["batch_size_histogram"] == {5: 1}
+    assert s["padding_rows"] == 1 and s["rows"] == 4 and s["tasks"] == 2
+    assert s["queue_wait_us"]["count"] == 2 and s["queue_wait_us"]["max"] >= 90_000
+
+
+def test_multiple_batch():
+    name = uniq()
+    call = lambda u, v: lambda: ops.batch([torch.tensor([u]), torch.tensor([v])], 1, 2, 36 * S, 0,  # noqa: E731
+                                          shared_name=name)
+    results, errors = run_threads([call(1, 2), call(2, 3)])
+    no_errors(errors)
+    holder = [r for r in results if r[1].shape[0] > 0]
+    other = [r for r in results if r[1].shape[0] == 0]
+    assert len(holder) == 1
+    assert sorted(holder[0][0][0].tolist()) == [1, 2] and sorted(holder[0][0][1].tolist()) == [2, 3]
+    assert [t.shape for t in other[0][0]] == [(0,), (0,)]
+
+
+def test_illegal_batch_different_dim0_sizes():
+    with pytest.raises(ValueError, match="must have equal 0th-dimension size"):
+        ops.batch([torch.tensor([1.0]), torch.tensor([1.0, 2.0])], 1, 10, 1000, 0, shared_name=uniq())
+
+
+def test_basic_unbatch():
+    name = uniq()
+
+    def call(v):
+        def f():
+            b, idx, id_ = ops.batch([torch.tensor([v])], 1, 10, 100_000, 0, allowed_batch_sizes=[3, 10],
+                                    shared_name=name)
+            computed = b[0] + 1
+            if idx.shape[0]:
+                assert computed.shape == (3,)  # padded to 3
+            return ops.unbatch(computed, idx, id_, S, shared_name=name + "unbatch")
+        return f
+
+    (r1, r2), errors = run_threads([call(1), call(2)])
+    no_errors(errors)
+    assert r1.tolist() == [2] and r2.tolist() == [3]
+
+
+def test_unbatch_invalid_id_arg():
+    with pytest.raises(ValueError, match="Input id should be scalar;"):
+        ops.unbatch(torch.rand(3, 3, 1, dtype=torch.float64), torch.randint(0, 9, (3, 3, 1)),
+                    torch.randint(0, 9, (3, 3, 1)), 50, shared_name=uniq())
+
+
+def test_unbatch_timeout():
+    name, shared = uniq(), uniq("shared_unbatch")
+
+    def direct():
+        b, idx, id_ = ops.batch([torch.tensor([1])], 1, 2, 36 * S, 0, shared_name=name)
+        return ops.unbatch(b[0] + 1, idx, id_, 10, shared_name=shared)
+
+    def delayed():
+        wait_for_tasks(name, 1)  # the direct path is enqueued first
+        time.sleep(0.1)
+        b, idx, id_ = ops.batch([torch.tensor([2])], 1, 2, 36 * S, 0, shared_name=name)
+        time.sleep(0.1)
+        return ops.unbatch(b[0] + 1, idx, id_, 10, shared_name=shared)
+
+    (r1, r2), (e1, e2) = run_threads([direct, delayed])
+    assert isinstance(e1, RuntimeError) and "did not arrive within timeout" in str(e1)
+    assert e2 is None and r2.tolist() == [3]
+
+
+def test_unbatch_grad_invalid_id():
+    with pytest.raises(ValueError, match="Expected `id` to be scalar"):
+        ops.unbatch_grad(torch.tensor([1]), torch.tensor([[0, 0, 0]]), torch.tensor([1]), torch.tensor([1, 1]),
+                         shared_name=uniq())
+
+
+def test_unbatch_grad_invalid_batch_id():
+    with pytest.raises(ValueError, match="Expected `id` to be scalar"):
+        ops.unbatch_grad(torch.tensor([1]), torch.tensor([[0, 0]]), torch.tensor([1]), torch.tensor([1]),
+                         shared_name=uniq())
+    with pytest.raises(ValueError, match="batch_index should contain 3 elements. Received 2"):
+        ops.unbatch_grad(torch.tensor([1]), torch.tensor([[0, 0]]), torch.tensor([1]), torch.tensor(7),
+                         shared_name=uniq())
+
+
+def test_unbatch_grad_invalid_args():
+    with pytest.raises(ValueError, match="Expected `id` to be scalar"):
+        ops.unbatch_grad(torch.rand(3, 1), torch.randint(0, 9, (3, 1)), torch.rand(3, 1),
+                         torch.randint(0, 9, (3, 1)), shared_name=uniq())
+
+
+def test_unbatch_grad_errors():
+    with pytest.raises(ValueError, match="batch_index is empty while the tensor isn't."):
+        ops.unbatch_grad(torch.ones(2), torch.empty(0, 3, dtype=torch.long), torch.ones(2), torch.tensor(1),
+                         shared_name=uniq())
+    name = uniq()
+    ops.unbatch_grad(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.ones(1), torch.tensor(5),
+                     shared_name=name)
+    with pytest.raises(ValueError, match="Two runs with the same batch key."):
+        ops.unbatch_grad(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.ones(1), torch.tensor(5),
+                         shared_name=name)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decorated / function tests (§11.1 item 11, §11.2)
+
+def test_batch_function_basic():
+    @batch_function(1, 2, 10 * S)  # TF: max 10, 100 ms; here the batch ships when full (robust under load)
+    def f(x):
+        return x + 1
+
+    results, errors = run_threads([lambda: f(torch.tensor([1])), lambda: f(torch.tensor([2]))])
+    no_errors(errors)
+    assert results[0].tolist() == [2] and results[1].tolist() == [3]
+    s = stats(f.shared_name)
+    assert s["batches_formed"] == 1 and s["tasks"] == 2
+
+
+def test_batch_function_reshape_and_tuple_and_single_call():
+    @batch_function(1, 10, 1000)
+    def f(x):
+        return x.reshape(-1) + 1
+
+    assert f(torch.tensor([[1]])).tolist() == [2]
+
+    @batch_function(2, 8, 20_000, allowed_batch_sizes=[4, 8])
+    def g(x, y):
+        return x * y, x + y
+
+    calls = [(lambda i=i: g(torch.full((i % 3 + 1, 2), float(i)), torch.full((i % 3 + 1, 2), 2.0))) for i in range(6)]
+    results, errors = run_threads(calls)
+    no_errors(errors)
+    for i, (p, s) in enumerate(results):
+        rows = i % 3 + 1
+        assert torch.equal(p, torch.full((rows, 2), 2.0 * i)) and torch.equal(s, torch.full((rows, 2), i + 2.0))
+
+
+def test_batch_function_error_reaches_every_call():
+    @batch_function(1, 2, 10 * S)
+    def f(x):
+        raise ValueError("boom")
+
+    t0 = time.monotonic()
+    results, errors = run_threads([lambda: f(torch.tensor([1.0])), lambda: f(torch.tensor([2.0]))])
+    assert all(e is not None and "boom" in str(e) for e in errors), errors
+    assert time.monotonic() - t0 < 5  # nobody waited for the unbatch timeout
+
+
+def test_batch_function_gradients():
+    @batch_function(1, 2, 10 * S, grad_timeout_micros=10 * S)
+    def f(x):
+        return x * x
+
+    def call(v):
+        def run():
+            x = torch.tensor([v], requires_grad=True)
+            f(x).sum().backward()
+            return x.grad
+        return run
+
+    results, errors = run_threads([call(1.0), call(2.0)])
+    no_errors(errors)
+    assert results[0].tolist() == [2.0] and results[1].tolist() == [4.0]
+
+
+# ---------------------------------------------------------------------------------------------
+# Gradients (§7, §11.2 testUnbatchGrad, §11.4)
+
+def _grad_call(v, name, f=lambda b: b * b, allowed=(), max_batch=2, timeout=10 * S, use_python=False, rows=1):
+    def run():
+        x = torch.full((rows,), float(v), requires_grad=True)
+        if use_python:
+            outs = torchops.autograd.Batch.apply((1, max_batch, timeout, S, 10, list(allowed), "", name, ""), x)
+            b, idx, id_ = outs[0], outs[1], outs[2]
+        else:
+            bl, idx, id_ = ops.batch([x], 1, max_batch, timeout, S, allowed_batch_sizes=list(allowed),
+                                     shared_name=name)
+            b = bl[0]
+        y = f(b) if idx.shape[0] else b
+        if use_python:
+            r = torchops.autograd.Unbatch.apply(y, idx, id_, S, "", name + "/u")
+        else:
+            r = ops.unbatch(y, idx, id_, S, shared_name=name + "/u")
+        r.sum().backward()
+        return r.detach(), x.grad
+    return run
+
+
+@pytest.mark.parametrize("use_python", [False, True], ids=["cpp_autograd", "python_function"])
+def test_unbatch_grad_x_squared(use_python):
+    name = uniq()
+    results, errors = run_threads([_grad_call(1.0, name, use_python=use_python),
+                                   _grad_call(2.0, name, use_python=use_python)])
+    no_errors(errors)
+    (r1, g1), (r2, g2) = results
+    assert r1.tolist() == [1.0] and r2.tolist() == [4.0]
+    assert g1.tolist() == [2.0] and g2.tolist() == [4.0]
+
+
+def test_gradients_with_padding_many_threads():
+    name = uniq()
+    # 3 rows each from 3 threads -> 9 rows padded to 12; the module sees the padding rows
+    seen = {}
+
+    def f(b):
+        seen["rows"] = b.shape[0]
+        return b * b * 3.0
+
+    calls = [_grad_call(float(i + 1), name, f=f, allowed=(4, 12), max_batch=12, timeout=S, rows=3)
+             for i in range(3)]
+    results, errors = run_threads(calls)
+    no_errors(errors)
+    assert seen["rows"] == 12
+    for i, (r, g) in enumerate(results):
+        v = float(i + 1)
+        assert torch.allclose(r, torch.full((3,), 3 * v * v))
+        assert torch.allclose(g, torch.full((3,), 6 * v))
+
+
+def test_unbatch_autograd_pads_holder_gradient_with_zeros():
+    # A single invocation with padding: the holder's batched tensor has 4 rows, the gradient w.r.t. it
+    # must have 4 rows (3 real + 1 zero padding row).
+    name = uniq()
+    x = torch.tensor([1.0, 2.0, 3.0])
+    bl, idx, id_ = ops.batch([x], 1, 4, 0, S, allowed_batch_sizes=[2, 4], shared_name=name)
+    b = bl[0].detach().requires_grad_(True)
+    assert b.shape == (4,)
+    r = ops.unbatch(b * 2.0, idx, id_, S, shared_name=name + "/u")
+    r.sum().backward()
+    assert b.grad.tolist() == [2.0, 2.0, 2.0, 0.0]
+    # the raw op keeps TF's N-row output
+    g = ops.unbatch_grad(b.detach(), idx, torch.ones(3), id_, shared_name=uniq())
+    assert g.shape == (3,)
+
+
+def test_gradient_unused_output_is_zero():
+    name = uniq()
+
+    def call(v):
+        def run():
+            x = torch.tensor([v], requires_grad=True)
+            z = torch.tensor([10 * v], requires_grad=True)
+            (bx, bz), idx, id_ = ops.batch([x, z], 1, 2, 10 * S, S, shared_name=name)
+            y = bx * 3 if idx.shape[0] else bx  # bz unused: undefined incoming gradient
+            r = ops.unbatch(y, idx, id_, S, shared_name=name + "/u")
+            r.sum().backward()
+            return x.grad, z.grad
+        return run
+
+    results, errors = run_threads([call(1.0), call(2.0)])
+    no_errors(errors)
+    for gx, gz in results:
+        assert gx.tolist() == [3.0]
+        assert gz is None or gz.tolist() == [0.0]
+
+
+def test_double_backward_is_a_clear_error():
+    name = uniq()
+    x = torch.tensor([2.0], requires_grad=True)
+    bl, idx, id_ = ops.batch([x], 1, 1, 0, S, shared_name=name)
+    r = ops.unbatch(bl[0] * bl[0], idx, id_, S, shared_name=name + "/u")
+    with pytest.raises(RuntimeError, match="not differentiable"):
+        torch.autograd.grad(r.sum(), x, create_graph=True)
+
+
+def test_empty_input_outputs_and_backward():
+    name = uniq()
+    x = torch.empty(0, 4, requires_grad=True)
+    (b, c), idx, id_ = ops.batch([x, torch.empty(0, 2, dtype=torch.int32)], 1, 2, 10 * S, S, shared_name=name)
+    assert b.shape == (0,) and c.shape == (0,) and c.dtype == torch.int32
+    assert idx.shape == (0,) and id_.shape == (0,) and idx.dtype == torch.int64
+    b.sum().backward()  # returns at once, touching no resource
+    assert x.grad.shape == (0, 4)
+    with pytest.raises(KeyError):
+        stats(name)  # nothing was enqueued, no queue was created
+
+
+def test_gradients_python_and_cpp_agree():
+    name_c, name_p = uniq(), uniq()
+    f = lambda b: torch.sin(b) * b  # noqa: E731
+    rc, ec = run_threads([_grad_call(v, name_c, f=f, max_batch=3, rows=1) for v in (0.5, 1.5, 2.5)])
+    rp, ep = run_threads([_grad_call(v, name_p, f=f, max_batch=3, rows=1, use_python=True) for v in (0.5, 1.5, 2.5)])
+    no_errors(ec)
+    no_errors(ep)
+    for (r1, g1), (r2, g2), v in zip(rc, rp, (0.5, 1.5, 2.5)):
+        t = torch.tensor([v], dtype=torch.float32)
+        assert torch.allclose(r1, r2) and torch.allclose(g1, g2)
+        assert torch.allclose(g1, torch.cos(t) * t + torch.sin(t))
+
+
+# ---------------------------------------------------------------------------------------------
+# Validation, errors (§4.1, §8, rules 20, 21, 23)
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(num_batch_threads=0), "num_batch_threads must be positive; was 0"),
+    (dict(max_batch_size=0), "input_batch_size_limit must be positive; was 0"),
+    (dict(batch_timeout_micros=-1), "batch_timeout_micros must be non-negative; was -1"),
+    (dict(max_enqueued_batches=-2), "max_enqueued_batches must be non-negative; was -2"),
+    (dict(allowed_batch_sizes=[4, 2, 10]), "allowed_batch_sizes entries must be monotonically increasing"),
+    (dict(allowed_batch_sizes=[2, 4]), "final entry in allowed_batch_sizes must equal max_batch_size"),
+])
+def test_attribute_validation(kwargs, match):
+    args = dict(num_batch_threads=1, max_batch_size=10, batch_timeout_micros=0, grad_timeout_micros=0)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        ops.batch([torch.ones(1)], shared_name=uniq(), **args)
+
+
+def test_input_validation():
+    name = uniq()
+    with pytest.raises(ValueError, match="Batching input tensors must have at least one dimension."):
+        ops.batch([torch.tensor(1.0)], 1, 10, 0, 0, shared_name=name)
+    with pytest.raises(ValueError, match="at least one tensor"):
+        ops.batch([], 1, 10, 0, 0, shared_name=name)
+    with pytest.raises(ValueError, match="Task size 11 is larger than maximum input batch size 10"):
+        ops.batch([torch.ones(11)], 1, 10, 0, 0, shared_name=name)
+    s = stats(name)
+    assert s["rejections"] == {"invalid_input": 1, "task_too_large": 1} and s["tasks"] == 0
+
+
+def test_unbatch_validation_order():
+    with pytest.raises(ValueError, match="Expected 0th dimension size to be no greater than 2; Got: 3."):
+        ops.unbatch(torch.ones(2), torch.zeros(3, 3, dtype=torch.long), torch.tensor(1), 10, shared_name=uniq())
+    with pytest.raises(ValueError, match="Expected 1st dimension size to be 3 ; Got: 2."):
+        ops.unbatch(torch.ones(2), torch.zeros(1, 2, dtype=torch.long), torch.tensor(1), 10, shared_name=uniq())
+    with pytest.raises(ValueError, match="Expected 1st dimension size to be 3 ; Got: a rank-1"):
+        ops.unbatch(torch.ones(2), torch.zeros(0, dtype=torch.long), torch.zeros(0, dtype=torch.long), 10,
+                    shared_name=uniq())
+    with pytest.raises(ValueError, match="Sum of split sizes must not exceed dim0-size of input tensor"):
+        ops.unbatch(torch.ones(2), torch.tensor([[1, 0, 3]]), torch.tensor(1), 10, shared_name=uniq())
+    with pytest.raises(ValueError, match="negative split size"):
+        ops.unbatch(torch.ones(2), torch.tensor([[1, 2, 1]]), torch.tensor(1), 10, shared_name=uniq())
+
+
+def test_unbatch_duplicate_keys():
+    name = uniq()
+    idx = torch.tensor([[7, 0, 1], [8, 1, 2]])
+    # the holder (id 7) takes its own piece; id 8's piece is stored
+    assert ops.unbatch(torch.tensor([1.0, 2.0]), idx, torch.tensor(7), S, shared_name=name).tolist() == [1.0]
+    with pytest.raises(RuntimeError, match="Multiple tensors returned for same batch key."):
+        ops.unbatch(torch.tensor([1.0, 2.0]), idx, torch.tensor(9), S, shared_name=name)
+    assert ops.unbatch(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.tensor(8), S,
+                       shared_name=name).tolist() == [2.0]
+    # two waiters with the same key
+    name2 = uniq()
+    wait = lambda: ops.unbatch(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.tensor(3), 500_000,  # noqa: E731
+                               shared_name=name2)
+
+    def second():
+        wait_in_flight(1)
+        return wait()
+
+    _, errors = run_threads([wait, second])
+    assert isinstance(errors[0], RuntimeError) and "did not arrive within timeout" in str(errors[0])
+    assert isinstance(errors[1], RuntimeError) and "Multiple session runs with the same batch key." in str(errors[1])
+
+
+def test_attribute_mismatch_on_shared_resource():
+    name = uniq()
+    ops.batch([torch.ones(1)], 1, 4, 0, 0, shared_name=name)
+    for kwargs, attr in [(dict(num_batch_threads=2), "num_batch_threads"), (dict(max_batch_size=5), "max_batch_size"),
+                         (dict(batch_timeout_micros=1), "batch_timeout_micros"),
+                         (dict(grad_timeout_micros=3), "grad_timeout_micros"),
+                         (dict(max_enqueued_batches=3), "max_enqueued_batches"),
+                         (dict(allowed_batch_sizes=[2, 4]), "allowed_batch_sizes")]:
+        args = dict(num_batch_threads=1, max_batch_size=4, batch_timeout_micros=0, grad_timeout_micros=0)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match=f"was created with {attr}=.* but this call passes {attr}="):
+            ops.batch([torch.ones(1)], shared_name=name, **args)
+    # same name in another container is another resource
+    ops.batch([torch.ones(1)], 2, 5, 0, 0, container="other", shared_name=name)
+    # Unbatch timeout_micros is fixed by the creator too
+    uname = uniq()
+    ops.unbatch(torch.ones(1), torch.tensor([[1, 0, 1]]), torch.tensor(1), 100, shared_name=uname)
+    with pytest.raises(ValueError, match="was created with timeout_micros=100 but this call passes timeout_micros=200"):
+        ops.unbatch(torch.ones(1), torch.tensor([[1, 0, 1]]), torch.tensor(1), 200, shared_name=uname)
+
+
+@pytest.mark.parametrize("second,match", [
+    (torch.ones(1, 3), "Dimensions of inputs should match"),
+    (torch.ones(1, 2, dtype=torch.float64), "Dtypes of inputs should match"),
+    (torch.ones(1, 2, 1), "Ranks of all input tensors should match"),
+])
+def test_batch_forming_error_reaches_every_task(second, match):
+    name = uniq()
+    results, errors = run_threads([lambda: ops.batch([torch.ones(1, 2)], 1, 2, 10 * S, 0, shared_name=name),
+                                   lambda: ops.batch([second], 1, 2, 10 * S, 0, shared_name=name)], stagger=0.02)
+    assert all(isinstance(e, RuntimeError) and match in str(e) for e in errors), errors
+    s = stats(name)
+    assert s["batches_formed"] == 1 and s["batches_failed"] == 1
+    # other batches are unaffected
+    b, idx, _ = ops.batch([torch.ones(2, 2)], 1, 2, 10 * S, 0, shared_name=name)
+    assert b[0].shape == (2, 2) and idx.shape == (1, 3)
+
+
+def test_queue_full_and_no_partial_state():
+    name = uniq()
+    # max 4 rows per batch, one batch allowed: a 3-row task holds the open batch; a second 3-row task
+    # would need a new batch -> queue full. A 1-row task still fits.
+    holder = {}
+
+    def a():
+        return ops.batch([torch.full((3,), 1.0)], 1, 4, 20 * S, 0, max_enqueued_batches=1, shared_name=name)
+
+    def b_then_c():
+        wait_for_tasks(name, 1)
+        with pytest.raises(RuntimeError, match="queue is full"):
+            ops.batch([torch.full((3,), 2.0)], 1, 4, 20 * S, 0, max_enqueued_batches=1, shared_name=name)
+        holder["rejected"] = True
+        return ops.batch([torch.full((1,), 3.0)], 1, 4, 20 * S, 0, max_enqueued_batches=1, shared_name=name)
+
+    (ra, rc), errors = run_threads([a, b_then_c])
+    no_errors(errors)
+    assert holder["rejected"]
+    assert rc[0][0].tolist() == [1.0, 1.0, 1.0, 3.0]  # the full batch shipped at once, without the rejected task
+    s = stats(name)
+    assert s["rejections"] == {"queue_full": 1} and s["tasks"] == 2 and s["batch_size_histogram"] == {4: 1}
+
+
+def test_queue_full_message_counts_batches():
+    name = uniq()
+    # fill the queue's only (open) batch with 1 row, then a 2-row task cannot fit (max_enqueued_batches=0 -> 1)
+    t = threading.Thread(target=lambda: ops.batch([torch.ones(1)], 1, 2, S // 2, 0, max_enqueued_batches=0,
+                                                  shared_name=name, batching_queue="q"), daemon=True)
+    t.start()
+    wait_for_tasks(name, 1, queue="q")
+    with pytest.raises(RuntimeError, match="queue is full; currently 1 batches enqueued and max_enqueued_batches is 0"):
+        ops.batch([torch.ones(2)], 1, 2, S // 2, 0, max_enqueued_batches=0, shared_name=name, batching_queue="q")
+    t.join(10)
+    assert not t.is_alive()
+
+
+def test_separate_batching_queues_are_not_mixed():
+    name = uniq()
+    calls = [lambda q=q, v=v: ops.batch([torch.tensor([v])], 2, 4, 500_000, 0, shared_name=name, batching_queue=q)
+             for q, v in [("a", 1.0), ("b", 10.0), ("a", 2.0), ("b", 20.0)]]
+    results, errors = run_threads(calls, stagger=0.01)
+    no_errors(errors)
+    batches = sorted(sorted(r[0][0].tolist()) for r in results if r[1].shape[0] > 0)
+    assert batches == [[1.0, 2.0], [10.0, 20.0]]
+    assert stats(name, batching_queue="a")["tasks"] == 2 and stats(name, batching_queue="b")["tasks"] == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Scheduler behaviour (§11.3)
+
+def test_basic_scheduler_close_flushes():
+    name = uniq()
+    calls = [lambda n=n: ops.batch([torch.full((n,), float(n))], 1, 10, 100 * S, 0, max_enqueued_batches=3,
+                                   shared_name=name) for n in (3, 5)]
+    out = {}
+
+    def closer():
+        wait_for_tasks(name, 2)
+        out["t"] = time.monotonic()
+        close_all()
+
+    results, errors = run_threads(calls + [closer], stagger=0.02)
+    no_errors(errors)
+    holder = [r for r in results[:2] if r[1].shape[0] > 0]
+    assert len(holder) == 1 and holder[0][0][0].tolist() == [3.0] * 3 + [5.0] * 5
+    assert holder[0][1][:, 1:].tolist() == [[0, 3], [3, 8]]
+    # new calls after close_all create a fresh resource
+    b, idx, _ = ops.batch([torch.ones(1)], 1, 10, 0, 0, shared_name=name)
+    assert idx.shape == (1, 3)
+
+
+def test_padding_with_a_module_8_and_2_callers():
+    mlp = torch.nn.Linear(2, 2).double()
+    seen = []
+
+    class Recording(torch.nn.Module):
+        def forward(self, x):
+            if x.shape[0]:  # with grad enabled, non-holders run the module on 0 rows (as TF)
+                seen.append(x.shape[0])
+            return mlp(x)
+
+    wrapped = torchops.nn.Batched(Recording(), 1, 8, 5 * S, allowed_batch_sizes=[4, 8])
+    xs = [torch.randn(1, 2, dtype=torch.float64) for _ in range(8)]
+    results, errors = run_threads([lambda x=x: wrapped(x) for x in xs])
+    no_errors(errors)
+    assert seen == [8]
+    for x, r in zip(xs, results):
+        assert torch.allclose(r, mlp(x))
+    wrapped2 = torchops.nn.Batched(Recording(), 1, 8, 500_000, allowed_batch_sizes=[4, 8])
+    results, errors = run_threads([lambda x=x: wrapped2(x) for x in xs[:2]])
+    no_errors(errors)
+    assert seen == [8, 4]
+    for x, r in zip(xs[:2], results):
+        assert torch.allclose(r, mlp(x))
+
+
+def test_batched_module_parameter_gradients_from_threads():
+    torch.manual_seed(0)
+    mlp = _MLP().double()
+    ref = _MLP().double()
+    ref.load_state_dict(mlp.state_dict())
+    wrapped = torchops.nn.Batched(mlp, 1, 4, 5 * S, grad_timeout_micros=10 * S, unbatch_timeout_micros=10 * S)
+    xs = [torch.randn(1, 8, dtype=torch.float64) for _ in range(4)]
+
+    def call(x):
+        def run():
+            y = wrapped(x)
+            (y * y).sum().backward()
+            return y.detach()
+        return run
+
+    results, errors = run_threads([call(x) for x in xs])
+    no_errors(errors)
+    for x, y in zip(xs, results):
+        assert torch.allclose(y, ref(x))
+    out = ref(torch.cat(xs))
+    (out * out).sum().backward()
+    for p, q in zip(mlp.parameters(), ref.parameters()):
+        assert torch.allclose(p.grad, q.grad)
+
+
+def test_timeout_zero_ships_at_once_and_ids_unique():
+    name = uniq()
+    ids = set()
+    for i in range(200):
+        b, idx, id_ = ops.batch([torch.tensor([float(i)])], 1, 10, 0, 0, shared_name=name)
+        assert b[0].tolist() == [float(i)] and idx.tolist() == [[id_.item(), 0, 1]]
+        ids.add(id_.item())
+    for i in range(50):  # another resource
+        ids.add(ops.batch([torch.ones(1)], 1, 10, 0, 0, shared_name=uniq())[2].item())
+    assert len(ids) == 250
+    assert any(i < 0 for i in ids) and any(i > 0 for i in ids)  # random 64-bit values, not a counter
+
+
+# ---------------------------------------------------------------------------------------------
+# GIL, close, exit (§8, §11.4)
+
+def test_gil_released_while_blocked():
+    name = uniq()
+    counter = [0]
+    stop = threading.Event()
+
+    def spin():
+        while not stop.is_set():
+            counter[0] += 1
+
+    def blocked():
+        ops.batch([torch.ones(1)], 1, 10, 300_000, 0, shared_name=name)  # waits 0.3 s for its timeout
+
+    spinner = threading.Thread(target=spin, daemon=True)
+    spinner.start()
+    t = threading.Thread(target=blocked, daemon=True)
+    t.start()
+    time.sleep(0.05)
+    c0 = counter[0]
+    time.sleep(0.15)
+    progressed = counter[0] - c0
+    assert t.is_alive()  # still blocked in the op
+    t.join(5)
+    stop.set()
+    spinner.join(5)
+    assert progressed > 1000
+
+
+def test_close_wakes_blocked_calls():
+    bname, uname, gname = uniq(), uniq(), uniq()
+    t0 = time.monotonic()
+
+    def blocked_batch():
+        return ops.batch([torch.ones(2)], 1, 10, 100 * S, 0, shared_name=bname)
+
+    def blocked_unbatch():
+        return ops.unbatch(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.tensor(1), 100 * S,
+                           shared_name=uname)
+
+    def blocked_unbatch_grad():  # a holder waiting forever (timeout -1) for a peer's gradient
+        return ops.unbatch_grad(torch.ones(2), torch.tensor([[1, 0, 1], [2, 1, 2]]), torch.ones(1), torch.tensor(1),
+                                shared_name=gname)
+
+    def closer():
+        wait_for_tasks(bname, 1)
+        wait_in_flight(3)
+        close_all()
+
+    results, errors = run_threads([blocked_batch, blocked_unbatch, blocked_unbatch_grad, closer])
+    assert time.monotonic() - t0 < 10
+    assert errors[0] is None and results[0][0][0].tolist() == [1.0, 1.0]  # flushed
+    assert isinstance(errors[1], RuntimeError) and "closed" in str(errors[1])
+    assert isinstance(errors[2], RuntimeError) and "closed" in str(errors[2])
+    assert errors[3] is None
+
+
+def test_unbatch_grad_timeout():
+    name = uniq()
+    with pytest.raises(RuntimeError, match="did not arrive within timeout"):
+        ops.unbatch_grad(torch.ones(2), torch.tensor([[1, 0, 1], [2, 1, 2]]), torch.ones(1), torch.tensor(1),
+                         shared_name=name, timeout_micros=50_000)
+
+
+def test_grad_timeout_when_peer_never_runs_backward():
+    name = uniq()
+
+    def call(v, do_backward):
+        def run():
+            x = torch.tensor([v], requires_grad=True)
+            bl, idx, id_ = ops.batch([x], 1, 2, 10 * S, 100_000, shared_name=name)
+            y = bl[0] * 2 if idx.shape[0] else bl[0]
+            r = ops.unbatch(y, idx, id_, 200_000, shared_name=name + "/u")
+            if do_backward:
+                r.sum().backward()
+            return r
+        return run
+
+    results, errors = run_threads([call(1.0, True), call(2.0, False)], stagger=0.02)
+    # the backward of call 0 waits for a peer that never runs backward: holder or not, it times out
+    assert isinstance(errors[0], RuntimeError) and "did not arrive within timeout" in str(errors[0])
+    assert errors[1] is None
+
+
+def test_interpreter_exit_with_pending_work_does_not_hang():
+    script = textwrap.dedent("""
+        import threading, time, torch, torchops
+        ops = torch.ops.torchops
+        def batch_forever(daemon):
+            try:
+                ops.batch([torch.ones(1)], 1, 10, 60_000_000, 0, shared_name="exit" + str(daemon))
+            except Exception:
+                pass
+        def unbatch_forever():
+            try:
+                ops.unbatch(torch.empty(0), torch.empty(0, 3, dtype=torch.long), torch.tensor(1), 60_000_000,
+                            shared_name="exit-u")
+            except Exception:
+                pass
+        # (Not tested: daemon threads that keep calling ops in a loop while the interpreter finalizes;
+        # PyTorch itself aborts then, with any op: pybind11 re-acquires the GIL in a noexcept frame.)
+        for d in (True, False):
+            threading.Thread(target=batch_forever, args=(d,), daemon=d).start()
+        threading.Thread(target=unbatch_forever, daemon=False).start()
+        threading.Thread(target=unbatch_forever, daemon=True).start()
+        time.sleep(0.3)
+        print("exiting", flush=True)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=root + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.monotonic()
+    procs = [subprocess.Popen([sys.executable, "-c", script], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(3)]
+    for p in procs:
+        out, err = p.communicate(timeout=45)
+        assert "exiting" in out, err
+        assert p.returncode == 0, err
+    assert time.monotonic() - t0 < 45
+
+
+def test_deferred_release_engages_and_falls_back():
+    name = uniq()
+    slow = [False]
+
+    def client(t):
+        def run():
+            for r in range(15):
+                x = torch.tensor([float(1000 * t + r)])
+                b, idx, id_ = ops.batch([x], 1, 4, 100_000, 0, shared_name=name)
+                if idx.shape[0] and slow[0]:
+                    time.sleep(0.05)  # longer than the longest fallback (20 ms)
+                y = b[0] * 2 if idx.shape[0] else b[0]
+                out = ops.unbatch(y, idx, id_, 10 * S, shared_name=name + "/u")
+                assert out.tolist() == [x.item() * 2]
+        return run
+
+    _, errors = run_threads([client(t) for t in range(4)])
+    no_errors(errors)
+    d = stats(name)["deferred_release"]
+    assert d["batches"] > 0  # the other calls were released by the holder's Unbatch
+    slow[0] = True
+    _, errors = run_threads([client(t) for t in range(4)])
+    no_errors(errors)
+    assert stats(name)["deferred_release"]["fallbacks"] >= 1  # released by the deadline instead
+
+    # switching to Batch without Unbatch: a holder that calls batch again releases its peers first
+    name2 = uniq()
+
+    def holder_loop(t):
+        def run():
+            for r in range(10):
+                b, idx, id_ = ops.batch([torch.ones(1)], 1, 2, 100_000, 0, shared_name=name2)
+                if r < 5:  # Batch -> Unbatch (engages deferral), then plain Batch calls
+                    ops.unbatch(b[0], idx, id_, 10 * S, shared_name=name2 + "/u")
+        return run
+
+    t0 = time.monotonic()
+    _, errors = run_threads([holder_loop(t) for t in range(2)])
+    no_errors(errors)
+    assert time.monotonic() - t0 < 5
+
+
+# ---------------------------------------------------------------------------------------------
+# Stress (issue: >= 32 threads x 500 requests of random sizes)
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("allowed", [[], [8, 16, 32, 64]], ids=["no_padding", "padding"])
+def test_stress_every_request_gets_its_own_answer(allowed):
+    name = uniq()
+    n_threads, n_requests = 32, 500
+    max_batch = 64
+
+    def client(t):
+        def run():
+            g = torch.Generator().manual_seed(t)
+            sizes = torch.randint(1, 5, (n_requests,), generator=g).tolist()
+            for r, n in enumerate(sizes):
+                # unique values per request row: (thread, request, row)
+                x = (torch.arange(n, dtype=torch.float64) + 10.0 * r + 10_000.0 * t).unsqueeze(1).repeat(1, 2)
+                b, idx, id_ = ops.batch([x], 2, max_batch, 500, 0, max_enqueued_batches=1000,
+                                        allowed_batch_sizes=allowed, shared_name=name)
+                y = b[0] * 3.0 + 1.0 if idx.shape[0] else b[0]
+                out = ops.unbatch(y, idx, id_, 20 * S, shared_name=name + "/u")
+                if out.shape != x.shape or not torch.equal(out, x * 3.0 + 1.0):
+                    raise AssertionError(f"thread {t} request {r}: got {out.tolist()} for {x.tolist()}")
+            return sum(sizes)
+        return run
+
+    t0 = time.monotonic()
+    results, errors = run_threads([client(t) for t in range(n_threads)], timeout=140)
+    no_errors(errors)
+    s = stats(name)
+    assert s["tasks"] == n_threads * n_requests
+    assert s["rows"] == sum(results) and s["batches_failed"] == 0
+    assert (s["padding_rows"] > 0) == bool(allowed)
+    assert sum(k * v for k, v in s["batch_size_histogram"].items()) == sum(results) + s["padding_rows"]
+    if allowed:
+        assert set(s["batch_size_histogram"]) <= set(allowed)
+    assert s["batches_formed"] < s["tasks"]  # requests were actually batched
+    assert time.monotonic() - t0 < 140
+
+
+# ---------------------------------------------------------------------------------------------
+# TorchScript, opcheck, compile
+
+class _MLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def test_torchscript_batched_module_from_threads(tmp_path):
+    torch.manual_seed(0)
+    mlp = _MLP().double()
+    scripted = torch.jit.script(torchops.nn.Batched(mlp, 2, 16, 20_000))
+    path = str(tmp_path / "batched.pt")
+    scripted.save(path)
+    loaded = torch.jit.load(path)
+    xs = [torch.randn(i % 4 + 1, 8, dtype=torch.float64) for i in range(24)]
+    for model in (scripted, loaded):
+        results, errors = run_threads([lambda x=x: model(x) for x in xs])
+        no_errors(errors)
+        for x, r in zip(xs, results):
+            assert torch.allclose(r, mlp(x))
+    s = stats(scripted.shared_name)
+    assert s["tasks"] == 48 and s["batches_formed"] < 48
+    # empty input bypasses batching
+    assert scripted(torch.empty(0, 8, dtype=torch.float64)).shape == (0, 4)
+
+
+def test_torchscript_function_with_gradients_from_threads():
+    @torch.jit.script
+    def step(x: torch.Tensor, name: str) -> torch.Tensor:
+        b, idx, id = torch.ops.torchops.batch([x], 1, 4, 20000, 10000000, 10, [2, 4], "", name, "")
+        y = b[0] * b[0] if idx.size(0) > 0 else b[0]
+        return torch.ops.torchops.unbatch(y, idx, id, 10000000, "", name + "/u")
+
+    name = uniq()
+
+    def call(v):
+        def run():
+            x = torch.tensor([v], requires_grad=True)
+            r = step(x, name)
+            r.sum().backward()
+            return r.detach(), x.grad
+        return run
+
+    results, errors = run_threads([call(float(v)) for v in range(1, 6)])
+    no_errors(errors)
+    for v, (r, g) in zip(range(1, 6), results):
+        assert r.tolist() == [v * v] and g.tolist() == [2.0 * v]
+
+
+def test_opcheck():
+    x = torch.randn(3, 2, dtype=torch.float64)
+    name = uniq()
+    # max_batch_size=1 per row group: a lone invocation holds its own batch at once
+    torch.library.opcheck(torch.ops.torchops.batch.default, ([x], 1, 3, 0, S, 10, [], "", name, ""),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+    b, idx, id_ = ops.batch([x], 1, 3, 0, S, shared_name=name)
+    batched = b[0].detach().requires_grad_(True)
+    torch.library.opcheck(torch.ops.torchops.unbatch.default, (batched, idx, id_, S, "", uniq()))
+    torch.library.opcheck(torch.ops.torchops.unbatch_grad.default,
+                          (b[0], idx, torch.randn(3, 2, dtype=torch.float64), id_, "", uniq(), -1),
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_fake_batch_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    with FakeTensorMode(shape_env=ShapeEnv()):
+        x = torch.empty(3, 5)
+        (b,), idx, id_ = ops.batch([x], 1, 8, 0, 0)
+        assert b.shape[1:] == (5,) and idx.shape[1] == 3 and id_.dim() == 0 and idx.dtype == torch.int64
+        (e,), eidx, eid = ops.batch([torch.empty(0, 5)], 1, 8, 0, 0)
+        assert e.shape == (0,) and eidx.shape == (0,) and eid.shape == (0,)
+        u = ops.unbatch(torch.empty(4, 6), torch.empty(2, 3, dtype=torch.long), torch.empty((), dtype=torch.long), 10)
+        assert u.shape[1:] == (6,)
+
+
+def test_python_autograd_function_is_consistent_with_op():
+    name = uniq()
+    outs = torchops.autograd.Batch.apply((1, 2, 0, S, 10, [], "", name, ""), torch.ones(2, 3))
+    assert len(outs) == 3 and outs[0].shape == (2, 3) and outs[1].shape == (1, 3)
+
+
+def test_functional_wrappers_scriptable():
+    f = torch.jit.script(torchops.functional.batch)
+    b, idx, id_ = f([torch.ones(2)], 1, 4, 0, 0, 10, [], "", uniq(), "")
+    assert b[0].tolist() == [1.0, 1.0]
+    u = torch.jit.script(torchops.functional.unbatch)(b[0], idx, id_, S, "", uniq())
+    assert u.tolist() == [1.0, 1.0]
+
+
+@pytest.mark.timeout(180)
+def test_torch_compile_forward_backward_from_threads():
+    name = uniq()
+
+    def f(x):
+        b, idx, id_ = torch.ops.torchops.batch([x], 1, 4, 20_000, 10 * S, 10, [2, 4], "", name, "")
+        y = torch.sin(b[0]) * 2  # every invocation runs the graph (non-holders on 0 rows), as in TF
+        return torch.ops.torchops.unbatch(y, idx, id_, 10 * S, "", name + "/u")
+
+    cf = torch.compile(f, fullgraph=True, backend="aot_eager", dynamic=False)
+
+    def call(v):
+        def run():
+            x = torch.full((1, 3), v, requires_grad=True)
+            r = cf(x)
+            r.sum().backward()
+            return r.detach(), x.grad
+        return run
+
+    call(0.5)()  # compile once (a lone holder)
+    results, errors = run_threads([call(float(v)) for v in (1, 2, 3)])
+    no_errors(errors)
+    for v, (r, g) in zip((1, 2, 3), results):
+        t = torch.full((1, 3), float(v))
+        assert torch.allclose(r, torch.sin(t) * 2) and torch.allclose(g, torch.cos(t) * 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_forward_works_and_autograd_is_rejected():
+    name = uniq()
+    x = torch.ones(2, 3, device="cuda")
+    b, idx, id_ = ops.batch([x], 1, 4, 0, 0, shared_name=name)
+    assert b[0].device == x.device and idx.device == x.device
+    u = ops.unbatch(b[0] * 2, idx, id_, S, shared_name=name + "/u")
+    assert u.device == x.device and torch.equal(u.cpu(), torch.full((2, 3), 2.0))
+    with pytest.raises(RuntimeError, match="CPU-only"):
+        ops.batch([x.requires_grad_(True)], 1, 4, 0, 0, shared_name=name)

@@ -1,0 +1,205 @@
+"""Dynamic batching (torchops.nn.Batched = batch -> MLP -> unbatch) vs unbatched calls of the same MLP.
+
+Client threads send 1-row requests back to back for a fixed time; we report throughput and p50/p99
+request latency for 1, 4, 16 and 32 clients, and the batcher's own added latency per request at low
+load (1 client: batched minus unbatched median latency; it includes the wait for the batch timeout,
+since a lone client never fills a batch). Targets (issue 4): batched throughput >= 3x unbatched at 16+
+clients; added latency at low load <= batch_timeout_micros + 200 us.
+"""
+import os
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+
+import torch
+
+import torchops
+from ._timing import print_table
+
+IN, HIDDEN, OUT = 256, 1024, 256
+CLIENTS = [1, 4, 16, 32]
+MAX_BATCH = [8, 32]
+TIMEOUT_US = 1000
+
+
+def _mlp(device):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(IN, HIDDEN), torch.nn.ReLU(), torch.nn.Linear(HIDDEN, OUT)).to(device)
+
+
+def _drive(fn, clients, seconds, device):
+    """Each client calls fn(x) back to back for `seconds`; returns (requests/s, p50 us, p99 us)."""
+    lat = [[] for _ in range(clients)]
+    start = threading.Barrier(clients + 1)
+    stop = threading.Event()
+    errors = []
+
+    def client(i):
+        torch.set_grad_enabled(False)  # inference serving (grad mode is per thread)
+        torch.set_num_threads(1)  # OpenMP's thread count is per thread too
+        x = torch.randn(1, IN, device=device)
+        try:
+            fn(x)  # warm-up
+            start.wait()
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                fn(x)
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                lat[i].append(time.perf_counter() - t0)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+            stop.set()
+
+    threads = [threading.Thread(target=client, args=(i,), daemon=True) for i in range(clients)]
+    for t in threads:
+        t.start()
+    start.wait()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    elapsed = time.perf_counter() - t0
+    if errors:
+        raise errors[0]
+    all_lat = sorted(v for l in lat for v in l)
+    n = len(all_lat)
+    p = lambda q: all_lat[min(n - 1, int(q * (n - 1) + 0.5))] * 1e6  # noqa: E731
+    return n / elapsed, p(0.5), p(0.99)
+
+
+def _interleaved_latency(direct, batched, device, seconds):
+    """One client: alternates a direct and a batched call, so that both see the same machine state;
+    returns the median latency (us) of each and the p99 of the batched calls."""
+    x = torch.randn(1, IN, device=device)
+    for _ in range(5):
+        direct(x), batched(x)
+    d, b = [], []
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end or len(d) < 50:
+        t0 = time.perf_counter()
+        direct(x)
+        t1 = time.perf_counter()
+        batched(x)
+        t2 = time.perf_counter()
+        d.append(t1 - t0)
+        b.append(t2 - t1)
+    b_sorted = sorted(b)
+    return statistics.median(d) * 1e6, statistics.median(b) * 1e6, b_sorted[int(0.99 * (len(b) - 1))] * 1e6
+
+
+def _cpp_driver():
+    """Builds (once, cached by torch.utils.cpp_extension) the libtorch driver of mode "cpp"."""
+    from torch.utils.cpp_extension import load
+
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "batching_driver.cpp")
+    return load(name="torchops_batching_bench_driver", sources=[src], extra_cflags=["-O2"], extra_ldflags=["-ldl"], is_standalone=True,
+                is_python_module=False, verbose=False)
+
+
+class _CppModel:
+    """A scripted model driven by N C++ threads of a separate libtorch process (no GIL)."""
+
+    def __init__(self, exe, scripted, tmpdir):
+        self.exe = exe
+        self.path = os.path.join(tmpdir, f"{uuid.uuid4().hex}.pt")
+        scripted.save(self.path)
+
+    def drive(self, clients, seconds):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        p = subprocess.run([self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), str(IN)],
+                           capture_output=True, text=True, timeout=300, env=env)
+        if p.returncode != 0:
+            raise RuntimeError(f"batching bench driver failed: {p.stdout}{p.stderr}")
+        return tuple(float(v) for v in p.stdout.split())
+
+
+def _median_drive(fns, clients, seconds, device, rounds):
+    """Alternates the callables `rounds` times; per callable the round with the median throughput."""
+    per = [[] for _ in fns]
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            if isinstance(fn, _CppModel):
+                per[i].append(fn.drive(clients, seconds))
+            else:
+                per[i].append(_drive(fn, clients, seconds, device))
+    return [sorted(r)[len(r) // 2] for r in per]
+
+
+def run(args):
+    device = torch.device(args.device)
+    if device.type != "cpu":
+        print("batching: the gradients of the batching ops are CPU-only; the forward benchmark runs on "
+              f"{device} anyway")
+    seconds = 0.3 if args.quick else 0.7
+    rounds = 1 if args.quick else 2
+    mlp = _mlp(device).eval()
+    # Serving-style: one intra-op thread per call (many client threads share the cores); every mode
+    # is measured under the same setting.
+    prev_threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    rows = []
+    modes = ["eager", "script"]
+    exe = None
+    if device.type == "cpu":
+        try:
+            exe = _cpp_driver()
+            modes.append("cpp")
+        except Exception as e:  # noqa: BLE001
+            print(f"batching: mode 'cpp' skipped (could not build the libtorch driver: {e})")
+    tmpdir = tempfile.mkdtemp(prefix="torchops-bench-")
+    with torch.no_grad():
+        for mode in modes:
+            for clients in CLIENTS:
+                direct = mlp if mode == "eager" else torch.jit.script(mlp)
+                if mode == "cpp":
+                    direct = _CppModel(exe, direct, tmpdir)
+                batched = []
+                for max_batch in MAX_BATCH:
+                    b = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=max_batch,
+                                            batch_timeout_micros=TIMEOUT_US, shared_name=f"bench/{uuid.uuid4().hex}")
+                    if mode != "eager":
+                        b = torch.jit.script(b)
+                    batched.append(_CppModel(exe, b, tmpdir) if mode == "cpp" else b)
+                results = _median_drive([direct] + batched, clients, seconds, device, rounds)
+                tp_u, p50_u, p99_u = results[0]
+                for max_batch, b, (tp_b, p50_b, p99_b) in zip(MAX_BATCH, batched, results[1:]):
+                    row = {"mode": mode, "clients": clients, "max_batch": max_batch, "unbatched_req/s": tp_u,
+                           "batched_req/s": tp_b, "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u,
+                           "unbatched_p99_us": p99_u, "batched_p50_us": p50_b, "batched_p99_us": p99_b}
+                    if mode != "cpp":  # (the cpp driver's queues live in its own process)
+                        s = torchops.batching.stats(b.shared_name)
+                        row["mean_batch"] = s["rows"] / max(1, s["batches_formed"])
+                        row["queue_wait_p50_us"] = s["queue_wait_us"]["p50"]
+                    rows.append(row)
+        # The batcher's own cost at low load: one client, so every batch waits for its timeout and
+        # ships alone; added = batched - unbatched median latency.
+        added = []
+        for mode in ("eager", "script"):
+            for timeout in (0, TIMEOUT_US):
+                batched = torchops.nn.Batched(mlp, 1, MAX_BATCH[-1], timeout, shared_name=f"bench/{uuid.uuid4().hex}")
+                direct = mlp
+                if mode == "script":
+                    batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
+                p50_u, p50_b, p99_b = _interleaved_latency(direct, batched, device, 1.0 if args.quick else 2.0)
+                added.append({"mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
+                              "batched_p50_us": p50_b, "batched_p99_us": p99_b, "added_p50_us": p50_b - p50_u,
+                              "budget_us": timeout + 200, "met": p50_b - p50_u <= timeout + 200})
+    torch.set_num_threads(prev_threads)
+    print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
+                f"nn.Batched(max_batch_size=max_batch, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) "
+                f"vs direct calls ({device}; eager = Python threads calling the modules, script = Python threads "
+                f"calling torch.jit.script'ed modules, cpp = C++ threads of a libtorch process calling the scripted "
+                f"modules)", rows,
+                ["mode", "clients", "max_batch", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
+                 "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
+    print_table("batching: added latency per request at low load (1 client alternating direct and batched "
+                "calls, medians)", added,
+                ["mode", "batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "batched_p99_us", "added_p50_us",
+                 "budget_us", "met"])
+    torchops.batching.close_all()
+    return {"throughput": rows, "added_latency": added}

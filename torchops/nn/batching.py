@@ -1,0 +1,77 @@
+"""`Batched`: run a module once per batch of concurrent calls (batch -> module -> unbatch)."""
+import uuid
+from typing import List, Optional
+
+import torch
+from torch import Tensor
+
+
+class Batched(torch.nn.Module):
+    """Wraps `module` so that concurrent `forward` calls (from many Python threads, or many C++
+    threads running the scripted model) are concatenated along dim 0, run through `module` once, and
+    each call gets back exactly its own rows. Scriptable (`torch.jit.script(Batched(...))`).
+
+    `module` must map `[B, ...] -> [B, ...]` row-wise (row i of the output depends on row i of the
+    input only). Gradients flow back per call (CPU tensors), to the inputs and to the module's
+    parameters; every call of a batch must then run its backward (each on its own thread if it likes):
+    the batch holder's backward waits for the others' gradients. With grad enabled, calls that do not
+    hold the batch run `module` on their 0-row batch (as TF does) so that their output joins the graph.
+    Calls whose input has 0 rows run `module` directly. Each instance has its own queue unless
+    `shared_name` is given.
+    """
+
+    allowed_batch_sizes: List[int]
+    shared_name: str
+
+    def __init__(self, module: torch.nn.Module, num_batch_threads: int = 1, max_batch_size: int = 32,
+                 batch_timeout_micros: int = 1000, allowed_batch_sizes: Optional[List[int]] = None,
+                 max_enqueued_batches: int = 10, grad_timeout_micros: int = 60_000_000,
+                 unbatch_timeout_micros: int = 60_000_000, container: str = "", shared_name: Optional[str] = None,
+                 batching_queue: str = ""):
+        super().__init__()
+        self.module = module
+        self.num_batch_threads = num_batch_threads
+        self.max_batch_size = max_batch_size
+        self.batch_timeout_micros = batch_timeout_micros
+        self.allowed_batch_sizes: List[int] = list(allowed_batch_sizes or [])
+        self.max_enqueued_batches = max_enqueued_batches
+        self.grad_timeout_micros = grad_timeout_micros
+        self.unbatch_timeout_micros = unbatch_timeout_micros
+        self.container = container
+        self.shared_name: str = shared_name if shared_name is not None else f"torchops.nn.Batched/{uuid.uuid4().hex}"
+        self.batching_queue = batching_queue
+
+    def extra_repr(self) -> str:
+        return (f"num_batch_threads={self.num_batch_threads}, max_batch_size={self.max_batch_size}, "
+                f"batch_timeout_micros={self.batch_timeout_micros}, allowed_batch_sizes={self.allowed_batch_sizes}, "
+                f"shared_name={self.shared_name!r}")
+
+    @torch.jit.unused
+    def _run_module_eager(self, batched: Tensor, index: Tensor) -> Tensor:
+        try:
+            return self.module(batched)
+        except BaseException as e:  # hand the error to every call of the batch, not only this one
+            torch.ops.torchops._unbatch_fail(index, f"Batched: the wrapped module failed on the batch: {e!r}",
+                                             self.container, self.shared_name + "/unbatch")
+            raise
+
+    def forward(self, x: Tensor) -> Tensor:
+        if x.size(0) == 0:
+            return self.module(x)
+        batched, index, id = torch.ops.torchops.batch(
+            [x], self.num_batch_threads, self.max_batch_size, self.batch_timeout_micros, self.grad_timeout_micros,
+            self.max_enqueued_batches, self.allowed_batch_sizes, self.container, self.shared_name,
+            self.batching_queue)
+        if index.size(0) > 0:  # this call holds the batch: run the module once for everyone
+            if torch.jit.is_scripting():
+                y = self.module(batched[0])
+            else:
+                y = self._run_module_eager(batched[0], index)
+        elif torch.is_grad_enabled():
+            # As TF: run the module on the empty batch, so that this call's output is part of the graph
+            # (its backward must deposit its gradient for the holder, e.g. for parameter gradients).
+            y = self.module(batched[0])
+        else:
+            y = batched[0]  # placeholder: Unbatch delivers this call's rows of the holder's result
+        return torch.ops.torchops.unbatch(y, index, id, self.unbatch_timeout_micros, self.container,
+                                          self.shared_name + "/unbatch")
