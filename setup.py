@@ -125,6 +125,7 @@ setup(
     version="0.1.0",
     description="TensorFlow's fused training ops as first-class PyTorch operators",
     packages=find_packages(include=["torchops", "torchops.*"]),
+    package_data={"torchops.bench": ["*.cpp"]},  # the batching benchmark's libtorch client driver
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)},
     python_requires=">=3.10",

@@ -6,7 +6,18 @@ from torch._library.simple_registry import singleton as fake_registry
 
 import torchops
 
-OPS = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("torchops::"))
+ALL_OPS = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswith("torchops::"))
+
+
+def returns_tensors(name):
+    schema = torch._C._get_schema(name, "")
+    return any("Tensor" in str(r.type) for r in schema.returns)
+
+
+# Ops that compute tensors; the others are control entry points of stateful resources (statistics,
+# close), which have one device-independent kernel and nothing to differentiate.
+OPS = [n for n in ALL_OPS if returns_tensors(n)]
+CONTROL_OPS = [n for n in ALL_OPS if not returns_tensors(n)]
 
 
 def has_kernel(name, key):
@@ -34,3 +45,10 @@ def test_built_with_cuda_matches_build_info():
     from torchops import _build_info
 
     assert torchops.built_with_cuda() == _build_info.WITH_CUDA
+
+
+@pytest.mark.parametrize("name", CONTROL_OPS)
+def test_control_ops_have_a_kernel_for_every_backend(name):
+    assert torch._C._dispatch_has_kernel(name), f"{name} has no kernel"
+    assert has_kernel(name, "CompositeImplicitAutograd") or has_kernel(name, "CompositeExplicitAutograd") \
+        or torch._C._dispatch_has_kernel_for_any_dispatch_key(name, torch._C.DispatchKeySet(torch._C.DispatchKey.CPU))

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 import torchops
+from conftest import build_libtorch_program, run_libtorch_program
 
 
 class ScriptedNet(nn.Module):
@@ -90,16 +91,9 @@ def test_saved_script_runs_and_backprops_in_fresh_process(saved_model):
 
 
 @pytest.mark.slow
-def test_libtorch_cpp_program_runs_scripted_model(saved_model, tmp_path):
-    from torch.utils.cpp_extension import load
-
-    src = os.path.join(os.path.dirname(__file__), "cpp", "run_scripted_model.cpp")
-    exe = load(name="run_scripted_model", sources=[src], is_standalone=True, is_python_module=False,
-               build_directory=str(tmp_path), extra_ldflags=["-ldl"], verbose=False)
-    env = _env()
-    env["LD_LIBRARY_PATH"] = os.path.join(os.path.dirname(torch.__file__), "lib") + os.pathsep + env.get("LD_LIBRARY_PATH", "")
-    out = subprocess.run([exe, torchops.library_path, str(saved_model)], capture_output=True, text=True, env=env,
-                         timeout=300)
+def test_libtorch_cpp_program_runs_scripted_model(saved_model):
+    exe = build_libtorch_program("run_scripted_model", "run_scripted_model.cpp")
+    out = run_libtorch_program(exe, torchops.library_path, saved_model)
     assert out.returncode == 0, out.stderr
     got, want = _parse(out.stdout), _results(torch.jit.load(str(saved_model)))
     assert got.keys() == want.keys() and len(got) == 9
