@@ -984,3 +984,29 @@ def test_sequences_longer_than_one_projection_chunk():
     args = gru_inputs(B=64, I=3, C=2, T=10, seed=92)
     for a, b in zip(ops.block_gru(sl(9), *args), ref_block_gru(*args, L=9)):
         close(a, b)
+
+
+@pytest.mark.parametrize("T,L", [(5, 5), (6, 4), (1, 1)])
+def test_float32_sequences_forward_and_grads(T, L):
+    # float32 sequences run the packed-weight recurrent GEMM (CPU with MKL, seq_len_max >= 2) or the ATen
+    # GEMM (one step): both must match the float64 reference, outputs and all input gradients.
+    def check(op, ref, args64, n_out):
+        a32 = [a.float().requires_grad_() for a in args64]
+        a64 = [a.detach().clone().requires_grad_() for a in args64]
+        out32, out64 = op(a32), ref(a64)
+        for o32, o64 in zip(out32, out64):
+            close(o32.double(), o64, rtol=2e-5, atol=2e-5)
+        up = [torch.rand(o.shape, dtype=F64, generator=torch.Generator().manual_seed(k)) for k, o in enumerate(out64)]
+        g32 = torch.autograd.grad(sum((o.double() * u).sum() for o, u in zip(out32, up)), a32)
+        g64 = torch.autograd.grad(sum((o * u).sum() for o, u in zip(out64, up)), a64)
+        for x32, x64 in zip(g32, g64):
+            close(x32.double(), x64, rtol=1e-4, atol=1e-4)
+
+    for v2 in (False, True):
+        args = lstm_inputs(B=3, I=4, C=17, T=T, seed=95)
+        fn = ops.block_lstm_v2 if v2 else ops.block_lstm
+        attrs = (0.5, True) if v2 else (0.3, 0.5, True)
+        check(lambda a: fn(sl(L), *a, *attrs), lambda a: ref_block_lstm(*a, 0.0 if v2 else 0.3, 0.5, True, v2, L=L),
+              args, 7)
+    args = gru_inputs(B=3, I=4, C=17, T=T, seed=96)
+    check(lambda a: ops.block_gru(sl(L), *a), lambda a: ref_block_gru(*a, L=L), args, 4)
