@@ -20,9 +20,11 @@
 #include <limits>
 #include <vector>
 
-// MKL's packed-operand GEMM, exported by libtorch_cpu in MKL builds of PyTorch (x86). Declared weak:
-// in builds without it the pointers are null and StepGemm below falls back to the ATen GEMM. The enum
-// arguments are MKL's CBLAS enums (int-sized C enums).
+// MKL's packed-operand GEMM, exported by libtorch_cpu in MKL builds of PyTorch (x86). Declared weak
+// (ELF): in builds without it the pointers are null and StepGemm below falls back to the ATen GEMM. The
+// enum arguments are MKL's CBLAS enums (int-sized C enums).
+#if defined(__linux__) && defined(__GNUC__)
+#define TORCHOPS_MKL_PACKED_GEMM 1
 extern "C" {
 __attribute__((weak)) size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k);
 __attribute__((weak)) void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
@@ -31,6 +33,7 @@ __attribute__((weak)) void cblas_sgemm_compute(int layout, int transa, int trans
                                                const float* a, int lda, const float* b, int ldb, float beta,
                                                float* c, int ldc);
 }
+#endif
 
 namespace torchops {
 namespace brnn {
@@ -91,6 +94,7 @@ class StepGemm {
  public:
   // w: [K, N] (trans: [N, K], used as its transpose), unit column stride; `rows` = rows of every `a`.
   StepGemm(const at::Tensor& w, bool trans, int64_t rows, int64_t steps) : w_(w), trans_(trans) {
+#ifdef TORCHOPS_MKL_PACKED_GEMM
     const int64_t n = trans ? w.size(0) : w.size(1), k = trans ? w.size(1) : w.size(0);
     const int64_t lim = std::numeric_limits<int>::max() / 2;
     if (steps < 2 || !w.is_cpu() || w.scalar_type() != at::kFloat || w.stride(1) != 1 || rows <= 0 || rows > lim ||
@@ -104,6 +108,10 @@ class StepGemm {
     packed_ = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, w.options());
     cblas_sgemm_pack(kRowMajor, kBMatrix, trans ? kTrans : kNoTrans, m_, n_, k_, 1.0f, w.const_data_ptr<float>(),
                      static_cast<int>(w.stride(0)), packed_.mutable_data_ptr<float>());
+#else
+    (void)rows;
+    (void)steps;
+#endif
   }
   void addmm(at::Tensor& out, const at::Tensor& a) { run(out, a, 1.0f); }  // out += a @ op(w)
   void mm(at::Tensor& out, const at::Tensor& a) { run(out, a, 0.0f); }     // out = a @ op(w)
@@ -120,9 +128,11 @@ class StepGemm {
         out.addmm_(a, w);
       return;
     }
+#ifdef TORCHOPS_MKL_PACKED_GEMM
     cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, m_, n_, k_, a.const_data_ptr<float>(),
                         static_cast<int>(a.stride(0)), packed_.const_data_ptr<float>(), n_, beta,
                         out.mutable_data_ptr<float>(), static_cast<int>(out.stride(0)));
+#endif
   }
   at::Tensor w_;
   bool trans_;
