@@ -16,7 +16,24 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <limits>
 #include <vector>
+
+// MKL's packed-operand GEMM, exported by libtorch_cpu in MKL builds of PyTorch (x86). Declared weak
+// (ELF): in builds without it the pointers are null and StepGemm below falls back to the ATen GEMM. The
+// enum arguments are MKL's CBLAS enums (int-sized C enums).
+#if defined(__linux__) && defined(__GNUC__)
+#define TORCHOPS_MKL_PACKED_GEMM 1
+extern "C" {
+__attribute__((weak)) size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k);
+__attribute__((weak)) void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
+                                            const float* src, int ld, float* dest);
+__attribute__((weak)) void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k,
+                                               const float* a, int lda, const float* b, int ldb, float beta,
+                                               float* c, int ldc);
+}
+#endif
 
 namespace torchops {
 namespace brnn {
@@ -67,6 +84,61 @@ void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_
 void addmm_into(at::Tensor out, const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
   at::addmm_out(out, bias, a, b);
 }
+
+// The recurrent GEMM of a time loop, out (+)= a @ op(w), with the same weight view on every step. On
+// the CPU in float32 with MKL the weight is packed once per call (cblas_sgemm_pack) instead of being
+// re-packed inside every step's sgemm: BlockLSTM T=50 B=32 C=256 spent ~10 % of its time packing; its
+// 50 recurrent GEMMs take 2.3 instead of 3.1 ms forward, 2.4 instead of 3.7 ms backward. Otherwise (other
+// dtypes/devices, one step, no MKL) the ATen GEMM.
+class StepGemm {
+ public:
+  // w: [K, N] (trans: [N, K], used as its transpose), unit column stride; `rows` = rows of every `a`.
+  StepGemm(const at::Tensor& w, bool trans, int64_t rows, int64_t steps) : w_(w), trans_(trans) {
+#ifdef TORCHOPS_MKL_PACKED_GEMM
+    const int64_t n = trans ? w.size(0) : w.size(1), k = trans ? w.size(1) : w.size(0);
+    const int64_t lim = std::numeric_limits<int>::max() / 2;
+    if (steps < 2 || !w.is_cpu() || w.scalar_type() != at::kFloat || w.stride(1) != 1 || rows <= 0 || rows > lim ||
+        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || !cblas_sgemm_pack_get_size ||
+        !cblas_sgemm_pack || !cblas_sgemm_compute)
+      return;
+    m_ = static_cast<int>(rows);
+    n_ = static_cast<int>(n);
+    k_ = static_cast<int>(k);
+    const size_t bytes = cblas_sgemm_pack_get_size(kBMatrix, m_, n_, k_);
+    packed_ = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, w.options());
+    cblas_sgemm_pack(kRowMajor, kBMatrix, trans ? kTrans : kNoTrans, m_, n_, k_, 1.0f, w.const_data_ptr<float>(),
+                     static_cast<int>(w.stride(0)), packed_.mutable_data_ptr<float>());
+#else
+    (void)rows;
+    (void)steps;
+#endif
+  }
+  void addmm(at::Tensor& out, const at::Tensor& a) { run(out, a, 1.0f); }  // out += a @ op(w)
+  void mm(at::Tensor& out, const at::Tensor& a) { run(out, a, 0.0f); }     // out = a @ op(w)
+
+ private:
+  static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
+  void run(at::Tensor& out, const at::Tensor& a, float beta) {
+    const at::Tensor w = trans_ ? w_.t() : w_;
+    if (!packed_.defined() || a.stride(1) != 1 || out.stride(1) != 1 || a.size(0) != m_ ||
+        a.stride(0) > std::numeric_limits<int>::max() || out.stride(0) > std::numeric_limits<int>::max()) {
+      if (beta == 0.0f)
+        at::mm_out(out, a, w);
+      else
+        out.addmm_(a, w);
+      return;
+    }
+#ifdef TORCHOPS_MKL_PACKED_GEMM
+    cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, m_, n_, k_, a.const_data_ptr<float>(),
+                        static_cast<int>(a.stride(0)), packed_.const_data_ptr<float>(), n_, beta,
+                        out.mutable_data_ptr<float>(), static_cast<int>(out.stride(0)));
+#endif
+  }
+  at::Tensor w_;
+  bool trans_;
+  int m_ = 0, n_ = 0, k_ = 0;
+  at::Tensor packed_;
+};
 
 // Steps whose input projections are computed by one GEMM: enough rows (>= 256) for an efficient
 // GEMM, few enough that the projection buffer stays cache-sized instead of [T, B, nC].
@@ -157,6 +229,7 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
   at::Tensor pre_ru = at::empty({chunk, B, 2 * C}, opts);
   at::Tensor pre_c = at::empty({chunk, B, C}, opts);
   at::Tensor hr = at::empty({B, C}, opts);
+  StepGemm rec_ru(wru_h, false, B, L), rec_c(wc_h, false, B, L);
   for (int64_t t = 0; t < L; ++t) {
     if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM each
       const int64_t n = std::min(chunk, L - t);
@@ -166,11 +239,11 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
     }
     const at::Tensor hp = t == 0 ? h_prev : h.select(0, t - 1);
     at::Tensor ru_t = pre_ru.select(0, t % chunk);
-    ru_t.addmm_(hp, wru_h);
+    rec_ru.addmm(ru_t, hp);
     const at::Tensor u_t = u.select(0, t);
     k.gru_gates(ru_t, hp, r.select(0, t), u_t, hr);
     at::Tensor c_t = pre_c.select(0, t % chunk);
-    c_t.addmm_(hr, wc_h);
+    rec_c.addmm(c_t, hr);
     k.gru_output(c_t, u_t, hp, c.select(0, t), h.select(0, t));
   }
 }
@@ -203,16 +276,17 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
   at::Tensor dh = at::empty({B, C}, opts);
   at::Tensor d_hr = at::empty({B, C}, opts);
   at::Tensor hr_all = weight_grads ? at::empty({L, B, C}, opts) : at::Tensor();
+  StepGemm rec_c(wc_h, true, B, L), rec_ru(wru_h, true, B, L);
   for (int64_t t = L - 1; t >= 0; --t) {
     const at::Tensor hp = t == 0 ? h_prev : h.select(0, t - 1);
     const at::Tensor r_t = r.select(0, t), u_t = u.select(0, t);
     const at::Tensor dcb_t = d_c_bar.select(0, t), drbu_t = d_rbu.select(0, t);
     k.gru_backward_a(step(h_grad, t), dh_carry, gate(g_u, t), gate(g_c, t), u_t, c.select(0, t), hp, dh, dcb_t,
                      drbu_t);
-    mm_into(d_hr, dcb_t, wc_h.t());
+    rec_c.mm(d_hr, dcb_t);
     k.gru_backward_b(d_hr, gate(g_r, t), dh, r_t, u_t, hp, drbu_t, dh_carry,
                      weight_grads ? hr_all.select(0, t) : at::Tensor());
-    dh_carry.addmm_(drbu_t, wru_h.t());
+    rec_ru.addmm(dh_carry, drbu_t);
   }
   out.h_prev_grad = dh_carry;
   const at::Tensor dcb2d = d_c_bar.view({L * B, C}), drbu2d = d_rbu.view({L * B, 2 * C});
@@ -407,6 +481,7 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
   const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
   const int64_t chunk = projection_chunk(L, B);
   at::Tensor pre = at::empty({chunk, B, 4 * C}, x3.options());
+  StepGemm rec(w_h, false, B, L);
   for (int64_t t = 0; t < L; ++t) {
     if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM
       const int64_t n = std::min(chunk, L - t);
@@ -415,7 +490,7 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
     const at::Tensor csp = t == 0 ? cs_prev : out.cs.select(0, t - 1);
     const at::Tensor hp = t == 0 ? h_prev : out.h.select(0, t - 1);
     at::Tensor g = pre.select(0, t % chunk);
-    g.addmm_(hp, w_h);
+    rec.addmm(g, hp);
     k.lstm_forward(g, csp, wci, wcf, wco, forget_bias, cell_clip, use_peephole, ifco, out.i.select(0, t),
                    out.cs.select(0, t), out.f.select(0, t), out.o.select(0, t), out.ci.select(0, t),
                    out.co.select(0, t), out.h.select(0, t));
@@ -470,6 +545,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   };
   at::Tensor dh_carry = at::zeros({B, C}, opts);
   at::Tensor dcs_carry = out.cs_prev_grad;  // zeros, updated in place
+  StepGemm rec(w_h, true, B, input_grads ? L : 0);
   for (int64_t t = L - 1; t >= 0; --t) {
     const at::Tensor csp = t == 0 ? cs_prev : fw.cs.select(0, t - 1);
     const at::Tensor dg_t = dgates.select(0, t);
@@ -477,7 +553,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
                     fw.ci.select(0, t), fw.co.select(0, t), csp, wci, wcf, wco, step(h_grad, t), dh_carry,
                     step(cs_grad, t), gate(g_i, t), gate(g_f, t), gate(g_o, t), gate(g_ci, t), gate(g_co, t),
                     use_peephole, ifco, dg_t, dcs_carry);
-    if (input_grads) mm_into(dh_carry, dg_t, w_h.t());
+    if (input_grads) rec.mm(dh_carry, dg_t);
   }
   if (use_peephole) {
     const GateOffsets off = gate_offsets(ifco, C);

@@ -1,5 +1,7 @@
 import torchops  # noqa: F401  (loads the ops)
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -252,6 +254,54 @@ def test_gru_low_precision_vs_float32(dtype, tol):
     for a, b in zip(g, gr):
         assert a.dtype == dtype
         close(a.float(), b, rtol=4 * tol, atol=4 * tol)
+
+
+def _ulp_error(got, want64):
+    """|got - want| in units of the float32 spacing at want (subnormal spacing below 2^-126)."""
+    want32 = want64.astype(np.float32)
+    err = np.abs(got.astype(np.float64) - want64) / np.spacing(np.abs(want32)).astype(np.float64)
+    err[np.isnan(want64) & np.isnan(got)] = 0.0
+    err[np.isinf(want64) & (got == want64)] = 0.0
+    return err
+
+
+def test_cpu_float_sigmoid_tanh_accuracy():
+    # Regression (TF parity): the float CPU exp() clamped its argument to [-87.3, 88.3], so sigmoid(x) for
+    # x < -88.3 (and -inf) was stuck at 4.5e-39 instead of e^x (TF: e^x, or 0). Sweep the gate
+    # nonlinearities through the op over a dense range and compare with float64 in float32 ulps. With
+    # w_ru = [1 | -1] and w_c = 1 on the x rows (exact products), r = sigmoid(x), u = sigmoid(-x), c = tanh(x);
+    # C = 37 exercises the vector body and the remainder loop.
+    C = 37
+    sweep = np.concatenate([np.linspace(-110, 95, 40001), -np.logspace(-37, 2.05, 3000), np.logspace(-37, 2.05, 3000),
+                            [0.0, -88.5, -95.0, -103.9, 88.72, 89.5]])
+    sweep = np.concatenate([sweep, np.zeros(-sweep.size % C)])
+    v32 = torch.from_numpy(sweep.astype(np.float32)).reshape(-1, C)
+    eye = torch.eye(C)
+    w_ru = torch.cat([torch.cat([eye, -eye], 1), torch.zeros(C, 2 * C)])
+    w_c = torch.cat([eye, torch.zeros(C, C)])
+    r, u, c, h = ops.gru_block_cell(v32, torch.zeros_like(v32), w_ru, w_c, torch.zeros(2 * C), torch.zeros(C))
+    x = v32.double().numpy().ravel()
+    with np.errstate(over="ignore"):
+        sig = np.where(x < 0, np.exp(x) / (1 + np.exp(x)), 1 / (1 + np.exp(-x)))
+        sig_neg = np.where(-x < 0, np.exp(-x) / (1 + np.exp(-x)), 1 / (1 + np.exp(x)))
+    assert _ulp_error(r.numpy().ravel(), sig).max() <= 2.5
+    assert _ulp_error(u.numpy().ravel(), sig_neg).max() <= 2.5
+    assert _ulp_error(c.numpy().ravel(), np.tanh(x)).max() <= 1.5
+    got = dict(zip(x.tolist(), r.numpy().ravel().tolist()))
+    assert got[-95.0] == pytest.approx(math.exp(-95.0), rel=1e-3)  # subnormal: 2.5e-4 relative spacing
+    assert got[-88.5] == pytest.approx(math.exp(-88.5), rel=1e-5)
+    # Specials through the bias (0 * inf in a GEMM would be NaN): the values TF and libm give.
+    spec = torch.tensor([-math.inf, math.inf, math.nan, -200.0, 1e-40, -1e-40, 100.0])
+    n = spec.numel()
+    z = torch.zeros
+    r, u, c, h = ops.gru_block_cell(z(1, 1), z(1, n), z(n + 1, 2 * n), z(n + 1, n), torch.cat([spec, -spec]), z(n))
+    assert r[0, :2].tolist() == [0.0, 1.0] and u[0, :2].tolist() == [1.0, 0.0] and math.isnan(r[0, 2].item())
+    assert r[0, 3].item() == 0.0 and r[0, 6].item() == 1.0
+    assert u[0, 6].item() == pytest.approx(math.exp(-100.0), rel=1e-2)  # subnormal (old code: 4.5e-39)
+    # (separately: a NaN r would reach every c through (h_prev * r) @ w_c)
+    r, u, c, h = ops.gru_block_cell(z(1, 1), z(1, n), z(n + 1, 2 * n), z(n + 1, n), z(2 * n), spec)
+    assert c[0, :2].tolist() == [-1.0, 1.0] and math.isnan(c[0, 2].item())
+    assert c[0, 4].item() == spec[4].item() and c[0, 5].item() == spec[5].item()  # tanh(x) = x for tiny x
 
 
 # ================================================================================================
@@ -934,3 +984,29 @@ def test_sequences_longer_than_one_projection_chunk():
     args = gru_inputs(B=64, I=3, C=2, T=10, seed=92)
     for a, b in zip(ops.block_gru(sl(9), *args), ref_block_gru(*args, L=9)):
         close(a, b)
+
+
+@pytest.mark.parametrize("T,L", [(5, 5), (6, 4), (1, 1)])
+def test_float32_sequences_forward_and_grads(T, L):
+    # float32 sequences run the packed-weight recurrent GEMM (CPU with MKL, seq_len_max >= 2) or the ATen
+    # GEMM (one step): both must match the float64 reference, outputs and all input gradients.
+    def check(op, ref, args64, n_out):
+        a32 = [a.float().requires_grad_() for a in args64]
+        a64 = [a.detach().clone().requires_grad_() for a in args64]
+        out32, out64 = op(a32), ref(a64)
+        for o32, o64 in zip(out32, out64):
+            close(o32.double(), o64, rtol=2e-5, atol=2e-5)
+        up = [torch.rand(o.shape, dtype=F64, generator=torch.Generator().manual_seed(k)) for k, o in enumerate(out64)]
+        g32 = torch.autograd.grad(sum((o.double() * u).sum() for o, u in zip(out32, up)), a32)
+        g64 = torch.autograd.grad(sum((o * u).sum() for o, u in zip(out64, up)), a64)
+        for x32, x64 in zip(g32, g64):
+            close(x32.double(), x64, rtol=1e-4, atol=1e-4)
+
+    for v2 in (False, True):
+        args = lstm_inputs(B=3, I=4, C=17, T=T, seed=95)
+        fn = ops.block_lstm_v2 if v2 else ops.block_lstm
+        attrs = (0.5, True) if v2 else (0.3, 0.5, True)
+        check(lambda a: fn(sl(L), *a, *attrs), lambda a: ref_block_lstm(*a, 0.0 if v2 else 0.3, 0.5, True, v2, L=L),
+              args, 7)
+    args = gru_inputs(B=3, I=4, C=17, T=T, seed=96)
+    check(lambda a: ops.block_gru(sl(L), *a), lambda a: ref_block_gru(*a, L=L), args, 4)
