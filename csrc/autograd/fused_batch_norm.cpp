@@ -77,17 +77,19 @@ std::vector<int64_t> channel_shape(const at::Tensor& x, int64_t cdim) {
   return s;
 }
 
-// TF's composite definition of FusedBatchNormGradV3 (spec §7.2), built from differentiable ATen ops
-// in U. In training the statistics are recomputed from x; in inference rs1/rs2 are constants.
+// TF's composite definition of FusedBatchNormGradV3 (spec §7.2), built from differentiable ATen ops.
+// In training the statistics are recomputed from x; in inference rs1/rs2 are constants. It runs in
+// float64 whatever the input dtype: its derivative divides by (var + eps)^(3/2) and float32 rounding
+// of the centred data is amplified by it (second order is rarely hot, so accuracy wins).
 variable_list grad_composite(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                              const at::Tensor& rs1, const at::Tensor& rs2, double epsilon, int64_t cdim,
                              bool is_training) {
-  const auto u = scale.scalar_type();
+  const auto u = at::kDouble;
   std::vector<int64_t> dims;
   for (int64_t d = 0; d < x.dim(); ++d)
     if (d != cdim) dims.push_back(d);
   const auto cs = channel_shape(x, cdim);
-  const at::Tensor xu = x.to(u), dyu = dy.to(u), s = scale.reshape(cs);
+  const at::Tensor xu = x.to(u), dyu = dy.to(u), s = scale.to(u).reshape(cs);
   at::Tensor gx, gs, go = dyu.sum(dims);
   if (is_training) {
     const at::Tensor mean_x = xu.mean(dims, /*keepdim=*/true);
@@ -98,11 +100,11 @@ variable_list grad_composite(const at::Tensor& dy, const at::Tensor& x, const at
     gx = s * r * (dyu - dyu.mean(dims, /*keepdim=*/true) - xc * dyxc_mean / (var_x + epsilon));
     gs = r.reshape({-1}) * (dyu * xc).sum(dims);
   } else {
-    const at::Tensor r = (rs2 + epsilon).rsqrt();
+    const at::Tensor r = (rs2.to(u) + epsilon).rsqrt();
     gx = dyu * s * r.reshape(cs);
-    gs = (dyu * (xu - rs1.reshape(cs))).sum(dims) * r;
+    gs = (dyu * (xu - rs1.to(u).reshape(cs))).sum(dims) * r;
   }
-  return {gx.to(x.scalar_type()), gs, go};
+  return {gx.to(x.scalar_type()), gs.to(scale.scalar_type()), go.to(scale.scalar_type())};
 }
 
 class FusedBatchNormGradV3Function : public torch::autograd::Function<FusedBatchNormGradV3Function> {

@@ -1,6 +1,11 @@
 #ifdef TORCHOPS_FBN_ISA_SECTION
 // ---- kernels, compiled once per instruction set (included by the registration section below) ----
-constexpr int64_t kRowBlock = 256;  // rows accumulated in U before flushing to double
+// Sums accumulate in U for a short stretch (a block of rows, a chunk of a run), then flush into double
+// totals: float32 statistics and gradient sums stay accurate over millions of elements at the cost of
+// one double add per stretch.
+constexpr int64_t kRowBlockStats = 32;  // channels-last rows per flush: statistics (centred by a shift)
+constexpr int64_t kRowBlockGrad = 8;    // ... gradient sums (products may cancel, so flush more often)
+constexpr int64_t kRunChunk = 256;      // channels-first run elements per flush
 
 // 32-byte SIMD vectors through GCC/Clang vector extensions: explicit lanes without intrinsics, so
 // the same code is SSE2 on a baseline build and AVX on a wider one.
@@ -26,76 +31,97 @@ struct Simd {
   }
 };
 
-// sum(x) and sum((x - mean)^2) over a run, in U with two vector accumulators each.
+// sum(x) over a run.
 template <typename T, typename U>
-inline U sum_run(const T* p, int64_t len) {
+inline double sum_run(const T* p, int64_t len) {
   using S = Simd<U>;
   constexpr int W = S::kWidth;
-  typename S::V a0 = {}, a1 = {};
-  int64_t i = 0;
-  for (; i + 2 * W <= len; i += 2 * W) {
-    a0 += S::load(p + i);
-    a1 += S::load(p + i + W);
+  double total = 0;
+  for (int64_t c0 = 0; c0 < len; c0 += kRunChunk) {
+    const int64_t end = std::min(len, c0 + kRunChunk);
+    typename S::V a0 = {}, a1 = {};
+    int64_t i = c0;
+    for (; i + 2 * W <= end; i += 2 * W) {
+      a0 += S::load(p + i);
+      a1 += S::load(p + i + W);
+    }
+    U s = S::hsum(a0 + a1);
+    for (; i < end; ++i) s += static_cast<U>(p[i]);
+    total += s;
   }
-  U s = S::hsum(a0 + a1);
-  for (; i < len; ++i) s += static_cast<U>(p[i]);
-  return s;
+  return total;
 }
 
+// sum((x - mean)^2) over a run.
 template <typename T, typename U>
-inline U sum_sq_dev_run(const T* p, int64_t len, U mean) {
+inline double sum_sq_dev_run(const T* p, int64_t len, U mean) {
   using S = Simd<U>;
   constexpr int W = S::kWidth;
-  typename S::V a0 = {}, a1 = {};
-  int64_t i = 0;
-  for (; i + 2 * W <= len; i += 2 * W) {
-    const auto d0 = S::load(p + i) - mean, d1 = S::load(p + i + W) - mean;
-    a0 += d0 * d0;
-    a1 += d1 * d1;
+  double total = 0;
+  for (int64_t c0 = 0; c0 < len; c0 += kRunChunk) {
+    const int64_t end = std::min(len, c0 + kRunChunk);
+    typename S::V a0 = {}, a1 = {};
+    int64_t i = c0;
+    for (; i + 2 * W <= end; i += 2 * W) {
+      const auto d0 = S::load(p + i) - mean, d1 = S::load(p + i + W) - mean;
+      a0 += d0 * d0;
+      a1 += d1 * d1;
+    }
+    U s = S::hsum(a0 + a1);
+    for (; i < end; ++i) {
+      const U d = static_cast<U>(p[i]) - mean;
+      s += d * d;
+    }
+    total += s;
   }
-  U s = S::hsum(a0 + a1);
-  for (; i < len; ++i) {
-    const U d = static_cast<U>(p[i]) - mean;
-    s += d * d;
-  }
-  return s;
+  return total;
 }
 
 // sum(dy) and sum(dy * (x - mu)) over a run.
 template <typename T, typename U>
-inline void grad_sums_run(const T* dy, const T* x, int64_t len, U mu, U& s_dy, U& s_dyxc) {
+inline void grad_sums_run(const T* dy, const T* x, int64_t len, U mu, double& s_dy, double& s_dyxc) {
   using S = Simd<U>;
   constexpr int W = S::kWidth;
-  typename S::V a = {}, b = {};
-  int64_t i = 0;
-  for (; i + W <= len; i += W) {
-    const auto g = S::load(dy + i);
-    a += g;
-    b += g * (S::load(x + i) - mu);
+  s_dy = 0, s_dyxc = 0;
+  for (int64_t c0 = 0; c0 < len; c0 += kRunChunk) {
+    const int64_t end = std::min(len, c0 + kRunChunk);
+    typename S::V a = {}, b = {};
+    int64_t i = c0;
+    for (; i + W <= end; i += W) {
+      const auto g = S::load(dy + i);
+      a += g;
+      b += g * (S::load(x + i) - mu);
+    }
+    U sa = S::hsum(a), sb = S::hsum(b);
+    for (; i < end; ++i) {
+      const U g = static_cast<U>(dy[i]);
+      sa += g;
+      sb += g * (static_cast<U>(x[i]) - mu);
+    }
+    s_dy += sa;
+    s_dyxc += sb;
   }
-  U sa = S::hsum(a), sb = S::hsum(b);
-  for (; i < len; ++i) {
-    const U g = static_cast<U>(dy[i]);
-    sa += g;
-    sb += g * (static_cast<U>(x[i]) - mu);
-  }
-  s_dy = sa;
-  s_dyxc = sb;
 }
 
-// Channels-last reductions: out[k][c] (k = 0..nk-1) = sum over rows of f(row, c), computed by
-// `accumulate(row_ptr_index, block_buffers...)`. Splits rows into one chunk per thread; the caller
-// adds the per-chunk double partials in chunk order (deterministic for a given thread count).
-template <typename F>
-std::vector<double> row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchunks, const F& block_sum) {
+// Channels-last reductions: the rows are split into one chunk per thread; `accumulate(r0, r1, acc)` adds
+// rows [r0, r1) into acc[nk * channels] (of type Acc), which is flushed into the chunk's double partials
+// every kRowBlock rows. The caller adds the chunks in order (deterministic for a given thread count).
+template <typename Acc, int64_t kRowBlock, typename F>
+std::vector<double> row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchunks, const F& accumulate) {
   nchunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (rows + kRowBlock - 1) / kRowBlock));
-  std::vector<double> partial(static_cast<size_t>(nchunks * nk * channels), 0.0);
+  const int64_t width = nk * channels;
+  std::vector<double> partial(static_cast<size_t>(nchunks * width), 0.0);
   const int64_t per = (rows + nchunks - 1) / nchunks;
   at::parallel_for(0, nchunks, 1, [&](int64_t k0, int64_t k1) {
+    std::vector<Acc> acc(static_cast<size_t>(width));
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * per, r1 = std::min(rows, r0 + per);
-      double* out = partial.data() + k * nk * channels;
-      for (int64_t r = r0; r < r1; r += kRowBlock) block_sum(r, std::min(r1, r + kRowBlock), out);
+      double* out = partial.data() + k * width;
+      for (int64_t r = r0; r < r1; r += kRowBlock) {
+        std::fill(acc.begin(), acc.end(), Acc(0));
+        accumulate(r, std::min(r1, r + kRowBlock), acc.data());
+        for (int64_t i = 0; i < width; ++i) out[i] += acc[i];
+      }
     }
   });
   return partial;
@@ -132,8 +158,9 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
   int64_t nchunks = 0;
   std::vector<U> shift(C), mean(C), alpha(C);
   for (int64_t c = 0; c < C; ++c) shift[c] = static_cast<U>(x[c]);
-  auto sums = row_partials(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, double* out) {
-    std::vector<U> s1(C, U(0)), s2(C, U(0));
+  auto sums = row_partials<U, kRowBlockStats>(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, U* acc) {
+    U* s1 = acc;
+    U* s2 = acc + C;
     const U* k = shift.data();
     for (int64_t r = r0; r < r1; ++r) {
       const T* row = x + r * C;
@@ -143,7 +170,6 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
         s2[c] += d * d;
       }
     }
-    for (int64_t c = 0; c < C; ++c) out[c] += s1[c], out[C + c] += s2[c];
   });
   for (int64_t c = 0; c < C; ++c) {
     double s1 = 0, s2 = 0;
@@ -198,7 +224,7 @@ void backward_typed(const Layout& L, const T* dy, const T* x, const U* scale, co
       for (int64_t c = c0; c < c1; ++c) {
         double s_dy = 0, s_dyxc = 0;
         for (int64_t o = 0; o < outer; ++o) {
-          U a, b;
+          double a, b;
           const int64_t off = (o * C + c) * inner;
           grad_sums_run<T, U>(dy + off, x + off, inner, mu[c], a, b);
           s_dy += a, s_dyxc += b;
@@ -220,8 +246,9 @@ void backward_typed(const Layout& L, const T* dy, const T* x, const U* scale, co
     return;
   }
   int64_t nchunks = 0;
-  auto sums = row_partials(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, double* out) {
-    std::vector<U> a(C, U(0)), b(C, U(0));
+  auto sums = row_partials<U, kRowBlockGrad>(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, U* acc) {
+    U* a = acc;
+    U* b = acc + C;
     for (int64_t r = r0; r < r1; ++r) {
       const T* g = dy + r * C;
       const T* xr = x + r * C;
@@ -231,7 +258,6 @@ void backward_typed(const Layout& L, const T* dy, const T* x, const U* scale, co
         b[c] += gv * (static_cast<U>(xr[c]) - mu[c]);
       }
     }
-    for (int64_t c = 0; c < C; ++c) out[c] += a[c], out[C + c] += b[c];
   });
   std::vector<GradCoefs<U>> coefs(C);
   for (int64_t c = 0; c < C; ++c) {
@@ -301,8 +327,7 @@ const Kernels& kernels() {
 //    then normalised while still in cache (one trip to memory for statistics + output).
 //  * channels-last ([rows, C], inner == 1): each thread accumulates per-channel partial sums over a
 //    block of rows (inner loop over contiguous channels), partials are combined, then a row pass.
-// Sums run in SIMD accumulators of U and are flushed into double totals per run / row block, which
-// keeps float32 statistics accurate over millions of elements.
+// SIMD sums of U are flushed into double totals every few elements (kRowBlock*, kRunChunk).
 #include "common/fused_batch_norm_math.h"
 #include "cpu/cpu_isa.h"
 #include "fused_batch_norm.h"
