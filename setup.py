@@ -103,9 +103,16 @@ def extension():
                      + glob.glob("csrc/batching/*.cpp") + glob.glob("csrc/accumulator/*.cpp"))
     opt = ["-O0", "-g"] if debug else ["-O3"]
     cxx = opt + ["-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-psabi"]
+    link = []
+    if sys.platform.startswith("linux"):
+        # at::parallel_for is an OpenMP pragma in ATen's headers (AT_PARALLEL_OPENMP): without -fopenmp the
+        # kernels run on one thread. libgomp.so.1 resolves to the copy torch has already loaded.
+        cxx.append("-fopenmp")
+        link.append("-fopenmp")
     kwargs = dict(
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": cxx},
+        extra_link_args=link,
         # The library carries no Python: it must load into a plain libtorch process (torch::jit::load).
         py_limited_api=True,
     )
