@@ -97,8 +97,8 @@ def _cpp_driver():
     from torch.utils.cpp_extension import load
 
     src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "batching_driver.cpp")
-    return load(name="torchops_batching_bench_driver", sources=[src], extra_cflags=["-O2"], extra_ldflags=["-ldl"], is_standalone=True,
-                is_python_module=False, verbose=False)
+    return load(name="torchops_batching_bench_driver", sources=[src], extra_cflags=["-O2"], extra_ldflags=["-ldl"],
+                is_standalone=True, is_python_module=False, verbose=False)
 
 
 class _CppModel:
@@ -110,7 +110,9 @@ class _CppModel:
         scripted.save(self.path)
 
     def drive(self, clients, seconds):
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+        torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")  # libtorch (and libc10_cuda) for the driver
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                   LD_LIBRARY_PATH=torch_lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
         p = subprocess.run([self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), str(IN)],
                            capture_output=True, text=True, timeout=300, env=env)
         if p.returncode != 0:
