@@ -31,9 +31,9 @@ struct Simd {
   }
 };
 
-// sum(x) over a run.
-template <typename T, typename U>
-inline double sum_run(const T* p, int64_t len) {
+// sum(f(x)) over a run; f takes a SIMD vector or a scalar of U (one generic expression serves both).
+template <typename T, typename U, typename F>
+inline double map_sum_run(const T* p, int64_t len, const F& f) {
   using S = Simd<U>;
   constexpr int W = S::kWidth;
   double total = 0;
@@ -42,39 +42,27 @@ inline double sum_run(const T* p, int64_t len) {
     typename S::V a0 = {}, a1 = {};
     int64_t i = c0;
     for (; i + 2 * W <= end; i += 2 * W) {
-      a0 += S::load(p + i);
-      a1 += S::load(p + i + W);
+      a0 += f(S::load(p + i));
+      a1 += f(S::load(p + i + W));
     }
     U s = S::hsum(a0 + a1);
-    for (; i < end; ++i) s += static_cast<U>(p[i]);
+    for (; i < end; ++i) s += f(static_cast<U>(p[i]));
     total += s;
   }
   return total;
 }
 
-// sum((x - mean)^2) over a run.
+template <typename T, typename U>
+inline double sum_run(const T* p, int64_t len) {
+  return map_sum_run<T, U>(p, len, [](auto v) { return v; });
+}
+
 template <typename T, typename U>
 inline double sum_sq_dev_run(const T* p, int64_t len, U mean) {
-  using S = Simd<U>;
-  constexpr int W = S::kWidth;
-  double total = 0;
-  for (int64_t c0 = 0; c0 < len; c0 += kRunChunk) {
-    const int64_t end = std::min(len, c0 + kRunChunk);
-    typename S::V a0 = {}, a1 = {};
-    int64_t i = c0;
-    for (; i + 2 * W <= end; i += 2 * W) {
-      const auto d0 = S::load(p + i) - mean, d1 = S::load(p + i + W) - mean;
-      a0 += d0 * d0;
-      a1 += d1 * d1;
-    }
-    U s = S::hsum(a0 + a1);
-    for (; i < end; ++i) {
-      const U d = static_cast<U>(p[i]) - mean;
-      s += d * d;
-    }
-    total += s;
-  }
-  return total;
+  return map_sum_run<T, U>(p, len, [mean](auto v) {
+    const auto d = v - mean;
+    return d * d;
+  });
 }
 
 // sum(dy) and sum(dy * (x - mu)) over a run.
