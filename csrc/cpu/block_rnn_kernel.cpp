@@ -140,24 +140,12 @@ using opm = at::opmath_type<T>;
 // Row kernels, compiled three times: for the baseline ISA, AVX2+FMA and AVX-512 (x86-64 with GCC),
 // picked at run time by what the CPU supports (csrc/cpu/cpu_isa.h). The section below re-includes
 // this file with TORCHOPS_BRNN_ROW_KERNELS defined, which emits only the row kernels.
-namespace isa_base {
 #define TORCHOPS_BRNN_ROW_KERNELS
-#include "cpu/block_rnn_kernel.cpp"  // NOLINT(build/include): the row kernels above
-}  // namespace isa_base
-#if TORCHOPS_MULTI_ISA
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace isa_avx2 {
-#include "cpu/block_rnn_kernel.cpp"  // NOLINT(build/include)
-}  // namespace isa_avx2
-#pragma GCC pop_options
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")
-namespace isa_avx512 {
-#include "cpu/block_rnn_kernel.cpp"  // NOLINT(build/include)
-}  // namespace isa_avx512
-#pragma GCC pop_options
-#endif
+#define TORCHOPS_ISA_SELF "cpu/block_rnn_kernel.cpp"
+#define TORCHOPS_ISA_AVX512 1
+#include "cpu/cpu_isa_sections.h"
+#undef TORCHOPS_ISA_AVX512
+#undef TORCHOPS_ISA_SELF
 #undef TORCHOPS_BRNN_ROW_KERNELS
 
 using cpu::isa_level;

@@ -334,21 +334,14 @@ namespace torchops {
 namespace fbn {
 namespace {
 
-namespace isa_base {
 #define TORCHOPS_FBN_ISA_SECTION
-#include "cpu/fused_batch_norm_kernel.cpp"  // NOLINT(build/include): the kernel section above
-}  // namespace isa_base
-#if TORCHOPS_MULTI_ISA
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-namespace isa_avx2 {
-#include "cpu/fused_batch_norm_kernel.cpp"  // NOLINT(build/include)
-}  // namespace isa_avx2
-#pragma GCC pop_options
-#endif
+#define TORCHOPS_ISA_SELF "cpu/fused_batch_norm_kernel.cpp"
+#define TORCHOPS_ISA_AVX512 0  // 32-byte vectors gain nothing from AVX-512: level 2 uses the AVX2 build
+#include "cpu/cpu_isa_sections.h"
+#undef TORCHOPS_ISA_AVX512
+#undef TORCHOPS_ISA_SELF
 #undef TORCHOPS_FBN_ISA_SECTION
 
-// 32-byte vectors gain nothing from AVX-512, so level 2 uses the AVX2 build.
 const Kernels& cpu_kernels() {
 #if TORCHOPS_MULTI_ISA
   if (cpu::isa_level() >= 1) return isa_avx2::kernels();
