@@ -13,6 +13,16 @@
 namespace torchops {
 namespace brnn {
 
+// Data pointers of optional tensors (nullptr when undefined), for the CPU and CUDA kernels alike.
+template <typename T>
+inline const T* cptr(const at::Tensor& t) {
+  return t.defined() ? t.const_data_ptr<T>() : nullptr;
+}
+template <typename T>
+inline T* mptr(const at::Tensor& t) {
+  return t.defined() ? t.mutable_data_ptr<T>() : nullptr;
+}
+
 // Per-device fused elementwise kernels of one time step. Every tensor argument is a contiguous
 // [B, n] matrix of the storage dtype (n = C, 2C or 4C as noted); `optional` ones may be undefined
 // (= zeros). Rows are B = size(0) > 0 and C > 0 whenever they are called.

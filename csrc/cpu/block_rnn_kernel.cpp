@@ -157,15 +157,6 @@ using cpu::isa_level;
 #define TORCHOPS_PICK(...) (&isa_base::__VA_ARGS__)
 #endif
 
-template <typename T>
-inline const T* cptr(const at::Tensor& t) {
-  return t.defined() ? t.const_data_ptr<T>() : nullptr;
-}
-template <typename T>
-inline T* mptr(const at::Tensor& t) {
-  return t.defined() ? t.mutable_data_ptr<T>() : nullptr;
-}
-
 // ------------------------------------------------------------------------------------------------
 // GRU
 // ------------------------------------------------------------------------------------------------

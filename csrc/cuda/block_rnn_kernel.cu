@@ -29,15 +29,6 @@ inline int num_blocks(int64_t n) {
        idx += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
 template <typename T>
-inline const T* cptr(const at::Tensor& t) {
-  return t.defined() ? t.const_data_ptr<T>() : nullptr;
-}
-template <typename T>
-inline T* mptr(const at::Tensor& t) {
-  return t.defined() ? t.mutable_data_ptr<T>() : nullptr;
-}
-
-template <typename T>
 __device__ __forceinline__ at::opmath_type<T> ld(const T* p, int64_t k) {
   return p ? static_cast<at::opmath_type<T>>(p[k]) : at::opmath_type<T>(0);
 }
