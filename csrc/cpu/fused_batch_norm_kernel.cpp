@@ -73,14 +73,22 @@ inline void grad_sums_run(const T* dy, const T* x, int64_t len, U mu, double& s_
   s_dy = 0, s_dyxc = 0;
   for (int64_t c0 = 0; c0 < len; c0 += kRunChunk) {
     const int64_t end = std::min(len, c0 + kRunChunk);
-    typename S::V a = {}, b = {};
+    // Two accumulator pairs: one pair would serialise on the add latency.
+    typename S::V a = {}, b = {}, a1 = {}, b1 = {};
     int64_t i = c0;
+    for (; i + 2 * W <= end; i += 2 * W) {
+      const auto g = S::load(dy + i), g1 = S::load(dy + i + W);
+      a += g;
+      b += g * (S::load(x + i) - mu);
+      a1 += g1;
+      b1 += g1 * (S::load(x + i + W) - mu);
+    }
     for (; i + W <= end; i += W) {
       const auto g = S::load(dy + i);
       a += g;
       b += g * (S::load(x + i) - mu);
     }
-    U sa = S::hsum(a), sb = S::hsum(b);
+    U sa = S::hsum(a + a1), sb = S::hsum(b + b1);
     for (; i < end; ++i) {
       const U g = static_cast<U>(dy[i]);
       sa += g;
