@@ -129,7 +129,7 @@ namespace torchops {
 namespace brnn {
 namespace {
 
-constexpr int64_t kGrainElems = 16384;  // elements per parallel task (fewer, larger tasks: a step of
+constexpr int64_t kGrainElems = 4096;  // elements per parallel task (fewer, larger tasks: a step of
                                          // B*C <= 16K elements runs on one thread, no fork/join)
 
 inline int64_t row_grain(int64_t C) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(C, 1)); }
