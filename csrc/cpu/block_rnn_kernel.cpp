@@ -129,8 +129,8 @@ namespace torchops {
 namespace brnn {
 namespace {
 
-constexpr int64_t kGrainElems = 4096;  // elements per parallel task (fewer, larger tasks: a step of
-                                         // B*C <= 16K elements runs on one thread, no fork/join)
+constexpr int64_t kGrainElems = 4096;  // elements per parallel task (a step of B*C <= 4K elements runs
+                                        // on one thread: no fork/join for a few microseconds of work)
 
 inline int64_t row_grain(int64_t C) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(C, 1)); }
 
