@@ -98,7 +98,8 @@ class StepGemm {
     const int64_t n = trans ? w.size(0) : w.size(1), k = trans ? w.size(1) : w.size(0);
     const int64_t lim = std::numeric_limits<int>::max() / 2;
     if (steps < 2 || !w.is_cpu() || w.scalar_type() != at::kFloat || w.stride(1) != 1 || rows <= 0 || rows > lim ||
-        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || !cblas_sgemm_pack_get_size ||
+        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || w.stride(0) < (trans ? k : n) ||
+        !cblas_sgemm_pack_get_size ||
         !cblas_sgemm_pack || !cblas_sgemm_compute)
       return;
     m_ = static_cast<int>(rows);
@@ -120,8 +121,11 @@ class StepGemm {
   static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
   void run(at::Tensor& out, const at::Tensor& a, float beta) {
     const at::Tensor w = trans_ ? w_.t() : w_;
-    if (!packed_.defined() || a.stride(1) != 1 || out.stride(1) != 1 || a.size(0) != m_ ||
-        a.stride(0) > std::numeric_limits<int>::max() || out.stride(0) > std::numeric_limits<int>::max()) {
+    // BLAS leading dimensions must cover a row: a size-1 dimension may carry any stride (a [1, n]
+    // tensor with strides (1, 1) is "contiguous"), so such operands take the ATen path.
+    if (!packed_.defined() || a.stride(1) != 1 || out.stride(1) != 1 || a.size(0) != m_ || a.stride(0) < k_ ||
+        out.stride(0) < n_ || a.stride(0) > std::numeric_limits<int>::max() ||
+        out.stride(0) > std::numeric_limits<int>::max()) {
       if (beta == 0.0f)
         at::mm_out(out, a, w);
       else

@@ -593,6 +593,42 @@ def test_block_lstm_batch_zero_and_c_zero():
     assert ops.block_lstm(sl(2), *args)[6].shape == (2, 3, 0)
 
 
+def _odd_strides(t):
+    """The same values with every size-1 dimension given stride 1: still "contiguous" to PyTorch, but
+    not a valid BLAS leading dimension (found by fuzzing: MKL's packed GEMM rejected it and the
+    recurrent GEMM read garbage)."""
+    return t.as_strided(t.shape, [1] * t.dim()) if t.numel() == max(t.shape, default=1) else t
+
+
+@pytest.mark.parametrize("I,C", [(0, 1), (1, 2)])  # odd strides on the weights / on h_prev and cs_prev
+def test_sequences_with_size_one_dims_and_odd_strides(I, C):
+    T, B = 3, 1
+    largs = [a.float() for a in lstm_inputs(B=B, I=I, C=C, T=T, seed=38)]
+    odd = [_odd_strides(a.clone()) for a in largs]
+    assert any(a.stride() != b.stride() for a, b in zip(odd, largs))
+    for op, ifco in ((ops.block_lstm, False), (ops.block_lstm_v2, True)):
+        ins = [a.clone().requires_grad_() for a in odd]
+        out = op(sl(T), *ins)
+        want = ref_block_lstm(*[a.double() for a in largs], *((1.0, 3.0) if not ifco else (0.0, 0.0)), False, ifco)
+        for a, b in zip(out, want):
+            close(a.double(), b, rtol=1e-5, atol=1e-6)
+        grads = torch.autograd.grad(out[6].sum(), ins)
+        ref_ins = [a.double().requires_grad_() for a in largs]
+        ref_out = ref_block_lstm(*ref_ins, *((1.0, 3.0) if not ifco else (0.0, 0.0)), False, ifco)
+        ref_grads = torch.autograd.grad(ref_out[6].sum(), ref_ins, allow_unused=True)  # no peepholes: wc* unused
+        for a, b, r in zip(grads, ref_grads, ref_ins):
+            close(a.double(), torch.zeros_like(r) if b is None else b, rtol=1e-5, atol=1e-6)
+    gargs = [a.float() for a in gru_inputs(B=B, I=I, C=C, T=T, seed=39)]
+    ins = [_odd_strides(a.clone()).requires_grad_() for a in gargs]
+    out = ops.block_gru(sl(T), *ins)
+    ref_ins = [a.double().requires_grad_() for a in gargs]
+    want = ref_block_gru(*ref_ins)
+    for a, b in zip(out, want):
+        close(a.double(), b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(torch.autograd.grad(out[3].sum(), ins), torch.autograd.grad(want[3].sum(), ref_ins)):
+        close(a.double(), b, rtol=1e-5, atol=1e-6)
+
+
 # ================================================================================================
 # Errors (type and message)
 # ================================================================================================
