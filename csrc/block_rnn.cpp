@@ -79,6 +79,14 @@ int64_t read_seq_len_max(const at::Tensor& s, int64_t T) {
   return v;
 }
 
+// The sequence ops accept seq_len_max on any device, so a CUDA seq_len_max beside CPU data dispatches
+// to the CUDA kernels (and vice versa would not): refuse rather than run them on host memory.
+void check_backend(const at::Tensor& x, const Kernels& k) {
+  TORCH_CHECK(x.device().type() == k.device, "x is on ", x.device(), " but another argument (seq_len_max?) is on ",
+              c10::DeviceTypeName(k.device, /*lower_case=*/true),
+              ": the data tensors must share x's device; seq_len_max may be on the CPU");
+}
+
 // GEMMs into preallocated outputs (views of larger buffers).
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
 void addmm_into(at::Tensor out, const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
@@ -432,7 +440,7 @@ SeqDims check_block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, con
 SeqDims check_block_lstm_grad(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
                               const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
                               const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
-                              const std::vector<std::pair<const at::Tensor*, const char*>>& seq) {
+                              const std::vector<std::pair<const at::Tensor*, const char*>>& seq, bool tf_grad_op) {
   TORCH_CHECK(seq_len_max.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", seq_len_max.dim());
   TORCH_CHECK(x.dim() == 3, "x must be rank 3 but is rank ", x.dim());
   TORCH_CHECK(cs_prev.dim() == 2, "cs_prev must be rank 2 but is rank ", cs_prev.dim());
@@ -440,8 +448,10 @@ SeqDims check_block_lstm_grad(const at::Tensor& seq_len_max, const at::Tensor& x
   TORCH_CHECK(w.dim() == 2, "w must be rank 2 but is rank ", w.dim());
   check_float(x, "x");
   SeqDims d{x.size(0), x.size(1), x.size(2), 0};
-  TORCH_CHECK(w.size(1) > 0 && w.size(1) % 4 == 0, "w matrix columns must be a positive multiple of 4, but got ",
-              w.size(1));
+  // TF's grad op rejects C = 0; the autograd backward (tf_grad_op false) accepts it, since the forward
+  // does, and returns zero / empty gradients.
+  TORCH_CHECK(w.size(1) % 4 == 0 && (w.size(1) > 0 || !tf_grad_op),
+              "w matrix columns must be a positive multiple of 4, but got ", w.size(1));
   d.C = w.size(1) / 4;
   TORCH_CHECK(w.size(0) == d.I + d.C, "w matrix rows don't match: ", d.I + d.C, " vs. ", w.size(0));
   TORCH_CHECK(wci.dim() == 1, "wci must be rank 1 but is rank ", wci.dim());
@@ -692,6 +702,7 @@ T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const 
 
 T4 block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
              const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c, const Kernels& k) {
+  check_backend(x, k);
   const Dims d = check_block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c);
   const int64_t T = x.size(0);
   const int64_t L = read_seq_len_max(seq_len_max, T);
@@ -711,6 +722,7 @@ T6 block_gru_grad(const at::Tensor& seq_len_max, const at::Tensor& x, const at::
                   const at::Tensor& r, const at::Tensor& u, const at::Tensor& c, const at::Tensor& h,
                   const at::Tensor& h_grad, const OptT& r_grad, const OptT& u_grad, const OptT& c_grad,
                   const Kernels& k) {
+  check_backend(x, k);
   const Dims d = check_block_gru(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c);
   const int64_t T = x.size(0);
   const std::vector<std::pair<const at::Tensor*, const char*>> seq = {
@@ -820,6 +832,7 @@ T7 block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tens
               const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
               const at::Tensor& wco, const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole,
               bool ifco, const Kernels& k) {
+  check_backend(x, k);
   const SeqDims d = check_block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b);
   const int64_t L = read_seq_len_max(seq_len_max, d.T);
   LstmOuts o = alloc_lstm_outs(d.T, d.B, d.C, x.options());
@@ -838,7 +851,8 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
                        const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
                        const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
                        const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
-                       bool use_peephole, bool ifco, const Kernels& k) {
+                       bool use_peephole, bool ifco, bool tf_grad_op, const Kernels& k) {
+  check_backend(x, k);
   std::vector<std::pair<const at::Tensor*, const char*>> seq = {{&i, "i"},   {&cs, "cs"}, {&f, "f"}, {&o, "o"},
                                                                 {&ci, "ci"}, {&co, "co"}, {&h, "h"}};
   const std::vector<std::pair<const OptT*, const char*>> opt = {{&cs_grad, "cs_grad"}, {&h_grad, "h_grad"},
@@ -847,7 +861,7 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
                                                                 {&co_grad, "co_grad"}};
   for (const auto& p : opt)
     if (p.first->has_value() && (*p.first)->defined()) seq.emplace_back(&**p.first, p.second);
-  const SeqDims d = check_block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, seq);
+  const SeqDims d = check_block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, seq, tf_grad_op);
   const int64_t L = read_seq_len_max(seq_len_max, d.T);
   const at::Tensor x3 = x.contiguous();
   LstmGrads g = alloc_lstm_grads(x3, d.C);
@@ -860,7 +874,7 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
                        opt_contig(co_grad), L, use_peephole, ifco, /*input_grads=*/true, dgates, g, k);
   }
   g.x_grad.narrow(0, L, d.T - L).zero_();
-  if (L == 0 || d.B == 0) g.x_grad.zero_();
+  if (L == 0 || d.B == 0 || d.C == 0) g.x_grad.zero_();
   return {g.x_grad, g.cs_prev_grad, g.h_prev_grad, g.w_grad, g.wci_grad, g.wcf_grad, g.wco_grad, g.b_grad};
 }
 

@@ -56,6 +56,9 @@ struct Kernels {
                         const at::Tensor& g_i, const at::Tensor& g_f, const at::Tensor& g_o, const at::Tensor& g_ci,
                         const at::Tensor& g_co, bool use_peephole, bool ifco, const at::Tensor& dgates,
                         const at::Tensor& dcs_carry);
+  // The device type these kernels run on: an op dispatched here (by any tensor argument, e.g. a CUDA
+  // seq_len_max beside CPU data) checks that x is on it.
+  c10::DeviceType device;
 };
 
 using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -108,7 +111,7 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
                        const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci, const at::Tensor& co,
                        const at::Tensor& h, const OptT& cs_grad, const OptT& h_grad, const OptT& i_grad,
                        const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
-                       bool use_peephole, bool ifco, const Kernels& k);
+                       bool use_peephole, bool ifco, bool tf_grad_op, const Kernels& k);
 
 // The op entry points of one backend (its Kernels table K), and their registration; each backend file
 // calls register_impls<its table>(m) in its TORCH_LIBRARY_IMPL block.
@@ -188,7 +191,7 @@ struct Impls {
                             const at::Tensor& h_grad, bool use_peephole) {
     return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
                                                  cs_grad, h_grad, OptT(), OptT(), OptT(), OptT(), OptT(),
-                                                 use_peephole, IFCO, K);
+                                                 use_peephole, IFCO, /*tf_grad_op=*/true, K);
   }
   static T8 block_lstm_backward_op(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
                                    const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
@@ -200,7 +203,7 @@ struct Impls {
                                    bool use_peephole, bool ifco) {
     return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
                                                  cs_grad, h_grad, i_grad, f_grad, o_grad, ci_grad, co_grad,
-                                                 use_peephole, ifco, K);
+                                                 use_peephole, ifco, /*tf_grad_op=*/false, K);
   }
 };
 

@@ -214,7 +214,10 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
   check_dtype_and_device(x, scale, "scale");
   check_dtype_and_device(x, reserve_space_1, "reserve_space_1");
   check_dtype_and_device(x, reserve_space_2, "reserve_space_2");
-  (void)reserve_space_3;  // unused placeholder, any shape (spec §2.2)
+  // An unused placeholder of any shape and dtype (spec §2.2), but its device takes part in dispatch:
+  // a CUDA reserve_space_3 beside CPU data would run the CUDA kernels on host memory.
+  TORCH_CHECK(reserve_space_3.device() == x.device() || reserve_space_3.is_cpu(),
+              "reserve_space_3 must be on x's device ", x.device(), " or the CPU, got ", reserve_space_3.device());
 
   const auto uopts = x.options().dtype(stats_dtype(x));
   Prepared p = prepare(x, cdim);

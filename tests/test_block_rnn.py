@@ -1046,3 +1046,35 @@ def test_float32_sequences_forward_and_grads(T, L):
               args, 7)
     args = gru_inputs(B=3, I=4, C=17, T=T, seed=96)
     check(lambda a: ops.block_gru(sl(L), *a), lambda a: ref_block_gru(*a, L=L), args, 4)
+
+
+def test_block_lstm_backward_with_empty_cell():
+    # The forward accepts C = 0 (TF does); TF's grad op rejects it, so autograd takes the general backward.
+    for op in (ops.block_lstm, ops.block_lstm_v2):
+        args = lstm_inputs(B=3, I=2, C=0, T=2, requires_grad=True)
+        out = op(sl(2), *args)
+        grads = torch.autograd.grad(out[6].sum(), args)
+        assert [tuple(g.shape) for g in grads] == [tuple(a.shape) for a in args]
+        assert all(torch.count_nonzero(g) == 0 for g in grads)  # x_grad was uninitialised memory before
+    with pytest.raises(RuntimeError, match="positive multiple of 4"):
+        a = lstm_inputs(B=3, I=2, C=0, T=2)
+        ops.block_lstm_grad(sl(2), *a, *[torch.zeros(2, 3, 0, dtype=F64)] * 9, False)
+
+
+def test_mixed_meta_and_cpu_tensors_are_refused():
+    # A meta tensor beside CPU data dispatches to the fake kernels, which used to return CPU tensors of
+    # uninitialised memory.
+    def meta(t):
+        return t.to("meta")
+    g = gru_inputs(B=2, I=3, C=4)
+    with pytest.raises(RuntimeError, match="w_c must be on the same device as x"):
+        ops.gru_block_cell(g[0], g[1], g[2], meta(g[3]), g[4], g[5])
+    a = lstm_inputs(B=2, I=3, C=4, T=3)
+    with pytest.raises(RuntimeError, match="b must be on the same device as x"):
+        ops.block_lstm(sl(3), *a[:7], meta(a[7]))
+    with pytest.raises(RuntimeError, match="seq_len_max is a meta tensor"):
+        ops.block_lstm_v2(meta(sl(3)), *a)
+    with pytest.raises(RuntimeError, match="seq_len_max must be an int64 tensor"):
+        ops.block_lstm_v2(torch.tensor(3, dtype=torch.int32, device="meta"), *[meta(t) for t in a])
+    out = ops.block_lstm_v2(meta(sl(3)), *[meta(t) for t in a])  # all meta: shapes only
+    assert out[6].device.type == "meta" and out[6].shape == (3, 2, 4)

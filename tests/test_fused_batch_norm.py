@@ -643,6 +643,24 @@ def test_grad_validation(args, match):
         fbn_grad(a["dy"], x, a["scale"], a["rs1"], a["rs2"], torch.ones(5, 5), 1e-3, a["fmt"], True)
 
 
+
+def test_mixed_meta_and_cpu_tensors_are_refused():
+    # A meta tensor beside CPU data dispatches to the fake kernels, which used to return CPU tensors of
+    # uninitialised memory; the fakes also check dtypes like the real kernels (for torch.compile).
+    x, v = torch.ones(2, 2, 2, 3), torch.ones(3)
+    with pytest.raises(RuntimeError, match="estimated_variance must be on x's device cpu, got meta"):
+        torch.ops.torchops.fused_batch_norm_v3(x, v, v, v, v.to("meta"), 1e-3, 1.0, "NHWC", True)
+    with pytest.raises(RuntimeError, match="reserve_space_3 must be on x's device cpu or the CPU, got meta"):
+        fbn_grad(x, x, v, v, v, torch.ones(1, device="meta"), 1e-3, "NHWC", True)
+    m = torch.ones(2, 2, 2, 3, device="meta")
+    vm = torch.ones(3, device="meta")
+    out = fbn_grad(m, m, vm, vm, vm, torch.ones(1), 1e-3, "NHWC", True)  # a CPU placeholder is fine
+    assert out[0].device.type == "meta" and out[0].shape == m.shape
+    with pytest.raises(RuntimeError, match="y_backprop must have x's dtype"):
+        fbn_grad(m.double(), m, vm, vm, vm, vm, 1e-3, "NHWC", True)
+    with pytest.raises(RuntimeError, match="x must be float32, float64, float16 or bfloat16, got torch.int64"):
+        torch.ops.torchops.fused_batch_norm_v3(m.long(), vm, vm, vm, vm, 1e-3, 1.0, "NHWC", True)
+
 def test_functional_wrapper_is_tf_nn_fused_batch_norm():
     x, scale, offset, mean, var = make_inputs((2, 3, 4, 5), "NHWC", torch.float64)
     y, m, v = torchops.functional.fused_batch_norm(x, scale, offset)

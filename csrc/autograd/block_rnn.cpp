@@ -192,8 +192,9 @@ class BlockLstmFunction : public torch::autograd::Function<BlockLstmFunction<V2>
     const bool peep = ctx->saved_data["use_peephole"].toBool();
     const bool gates = g[0].defined() || g[2].defined() || g[3].defined() || g[4].defined() || g[5].defined();
     variable_list r;
-    if (!gates) {
-      // Only cs and h receive gradients: TF's BlockLSTMGrad(V2).
+    if (!gates && s[2].size(1) > 0) {
+      // Only cs and h receive gradients: TF's BlockLSTMGrad(V2) (which rejects cell size 0, so an empty
+      // cell, which the forward accepts, takes the general backward below).
       static auto op = find_op<BlockLstmGradSig>(V2 ? "torchops::block_lstm_grad_v2" : "torchops::block_lstm_grad");
       const Tensor cs_grad = g[1].defined() ? g[1] : at::zeros_like(s[10]);
       const Tensor h_grad = g[6].defined() ? g[6] : at::zeros_like(s[15]);

@@ -246,7 +246,7 @@ void lstm_backward_cuda(const at::Tensor& i, const at::Tensor& cs, const at::Ten
 }  // namespace
 
 const Kernels kCuda{gru_gates_cuda,    gru_output_cuda,   gru_backward_a_cuda, gru_backward_b_cuda,
-                    lstm_forward_cuda, lstm_backward_cuda};
+                    lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA};
 
 }  // namespace brnn
 }  // namespace torchops

@@ -13,6 +13,19 @@ def _check_x(x, rank):
 
 def _same(x, t, name):
     torch._check(t.dtype == x.dtype, lambda: f"{name} must have the same dtype as x ({x.dtype}), got {t.dtype}")
+    # (a meta tensor beside CPU data dispatches here: refuse, as the real kernels refuse mixed devices)
+    torch._check(t.device == x.device,
+                 lambda: f"{name} must be on the same device as x ({x.device}), got {t.device}")
+
+
+def _seq_len_max(seq_len_max, x):
+    torch._check(seq_len_max.dim() == 0,
+                 lambda: f"`seq_len_max_tensor` must be rank 0 but is rank {seq_len_max.dim()}")
+    torch._check(seq_len_max.dtype == torch.int64,
+                 lambda: f"seq_len_max must be an int64 tensor, got {seq_len_max.dtype}")
+    # any device, but its value is read: a meta seq_len_max beside real data has none
+    torch._check(seq_len_max.device.type != "meta" or x.device.type == "meta",
+                 lambda: f"seq_len_max is a meta tensor but x is on {x.device}")
 
 
 def _shape(t, shape, name):
@@ -75,8 +88,8 @@ def _gru_block_cell_backward(x, h_prev, w_ru, w_c, r, u, c, d_r, d_u, d_c, d_h):
 
 
 def _block_gru_check(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c):
-    torch._check(seq_len_max.dim() == 0, lambda: f"`seq_len_max_tensor` must be rank 0 but is rank {seq_len_max.dim()}")
     _check_x(x, 3)
+    _seq_len_max(seq_len_max, x)
     t, b, i = x.shape
     c = h_prev.shape[1]
     _shape(h_prev, (b, c), "h_prev")
@@ -160,8 +173,8 @@ def _lstm_block_cell_backward(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f,
 
 
 def _block_lstm_check(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b):
-    torch._check(seq_len_max.dim() == 0, lambda: f"`seq_len_max_tensor` must be rank 0 but is rank {seq_len_max.dim()}")
     _check_x(x, 3)
+    _seq_len_max(seq_len_max, x)
     t, bs, i = x.shape
     c = cs_prev.shape[1]
     for v, name in ((cs_prev, "cs_prev"), (h_prev, "h_prev")):
@@ -183,9 +196,9 @@ def _block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_cl
     return _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b)
 
 
-def _block_lstm_grad_common(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, seq):
+def _block_lstm_grad_common(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, seq, tf_grad_op=True):
     torch._check(w.dim() == 2, lambda: f"w must be rank 2 but is rank {w.dim()}")
-    torch._check(w.shape[1] > 0 and w.shape[1] % 4 == 0,
+    torch._check(w.shape[1] % 4 == 0 and (w.shape[1] > 0 or not tf_grad_op),
                  lambda: f"w matrix columns must be a positive multiple of 4, but got {w.shape[1]}")
     t, bs, i, c = _block_lstm_check(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b)
     for v, name in seq:
@@ -217,4 +230,4 @@ def _block_lstm_backward(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i
     return _block_lstm_grad_common(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
                                    ((i, "i"), (cs, "cs"), (f, "f"), (o, "o"), (ci, "ci"), (co, "co"), (h, "h"),
                                     (cs_grad, "cs_grad"), (h_grad, "h_grad"), (i_grad, "i_grad"), (f_grad, "f_grad"),
-                                    (o_grad, "o_grad"), (ci_grad, "ci_grad"), (co_grad, "co_grad")))
+                                    (o_grad, "o_grad"), (ci_grad, "ci_grad"), (co_grad, "co_grad")), tf_grad_op=False)

@@ -26,12 +26,19 @@ def empty_like_layout(x: torch.Tensor, cdim: int) -> torch.Tensor:
     return torch.empty(x.shape, dtype=x.dtype, device=x.device, memory_format=fmt)
 
 
-def _check_common(x, vectors):
+_FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
+
+
+def _check_common(x, vectors, others=()):
     torch._check(x.dim() in (4, 5), lambda: f"input must be 4 or 5-dimensional, got shape {tuple(x.shape)}")
+    torch._check(x.dtype in _FLOATS, lambda: f"x must be float32, float64, float16 or bfloat16, got {x.dtype}")
     u = stats_dtype(x)
     for name, t in vectors:
         torch._check(t.dim() == 1, lambda: f"{name} must be 1-dimensional, got shape {tuple(t.shape)}")
         torch._check(t.dtype == u, lambda: f"{name} must have dtype {u}, got {t.dtype}")
+    # (a meta tensor beside CPU data dispatches here: refuse, as the real kernels refuse mixed devices)
+    for name, t in list(vectors) + list(others):
+        torch._check(t.device == x.device, lambda: f"{name} must be on x's device {x.device}, got {t.device}")
 
 
 @torch.library.register_fake("torchops::fused_batch_norm_v3")
@@ -56,7 +63,11 @@ def _fused_batch_norm_v3(x, scale, offset, mean, variance, epsilon=1e-4, exponen
 def _fused_batch_norm_grad_v3(y_backprop, x, scale, reserve_space_1, reserve_space_2, reserve_space_3,
                               epsilon=1e-4, data_format="NHWC", is_training=True):
     _check_common(x, [("scale", scale), ("reserve_space_1", reserve_space_1),
-                      ("reserve_space_2", reserve_space_2)])
+                      ("reserve_space_2", reserve_space_2)],
+                  [("y_backprop", y_backprop)])
+    torch._check(reserve_space_3.device == x.device or reserve_space_3.device.type == "cpu",
+                 lambda: f"reserve_space_3 must be on x's device {x.device} or the CPU, got {reserve_space_3.device}")
+    torch._check(y_backprop.dtype == x.dtype, lambda: f"y_backprop must have x's dtype {x.dtype}, got {y_backprop.dtype}")
     torch._check(y_backprop.shape == x.shape, lambda: "x and y_backprop must have same shape")
     cdim = channel_dim(data_format, x.dim())
     c = x.shape[cdim]

@@ -80,7 +80,7 @@ def _block_lstm_backward(ctx, grads, v2):
     if _none_defined(grads):
         return (None,) * 12
     saved = ctx.saved_tensors
-    if _none_defined((d_i, d_f, d_o, d_ci, d_co)):
+    if _none_defined((d_i, d_f, d_o, d_ci, d_co)) and saved[2].shape[1] > 0:  # (TF's grad op rejects C = 0)
         cs_grad = d_cs if d_cs is not None else torch.zeros_like(saved[10])
         h_grad = d_h if d_h is not None else torch.zeros_like(saved[15])
         grad_op = _ops.block_lstm_grad_v2 if v2 else _ops.block_lstm_grad
