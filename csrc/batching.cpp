@@ -11,6 +11,7 @@
 
 #include <sstream>
 #include <tuple>
+#include <unordered_map>
 
 namespace torchops {
 namespace batching {
@@ -26,6 +27,17 @@ std::string debug_string(const at::Tensor& t) {
   std::ostringstream ss;
   ss << "Tensor<type: " << t.scalar_type() << " shape: " << t.sizes() << ">";
   return ss.str();
+}
+
+// Every invocation appears once in a batch_index (Batch makes the ids unique); a repeated id would
+// make Unbatch hand out rows twice and UnbatchGrad wait for a gradient that is already counted.
+void check_unique_ids(const int64_t* p, int64_t k, const char* op) {
+  std::unordered_map<int64_t, int64_t> seen;
+  for (int64_t j = 0; j < k; ++j) {
+    const auto [it, fresh] = seen.emplace(p[3 * j], j);
+    TORCH_CHECK_VALUE(fresh, op, ": batch_index lists id ", p[3 * j], " twice (rows ", it->second, " and ", j,
+                      "); each invocation of a batch appears once");
+  }
 }
 
 int64_t scalar_id(const at::Tensor& id) {
@@ -106,15 +118,18 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
   if (k > 0) {
     const at::Tensor idx = batch_index.to(at::kCPU).contiguous();
     const int64_t* p = idx.data_ptr<int64_t>();
-    int64_t total = 0;
+    check_unique_ids(p, k, "Unbatch");
+    int64_t total = 0;  // (overflow-checked: the values are arbitrary user input)
     for (int64_t j = 0; j < k; ++j) {
-      const int64_t size = p[3 * j + 2] - p[3 * j + 1];
+      int64_t size = 0;
+      TORCH_CHECK_VALUE(!__builtin_sub_overflow(p[3 * j + 2], p[3 * j + 1], &size), "Unbatch: batch_index row ", j,
+                        " has start ", p[3 * j + 1], " and end ", p[3 * j + 2], ", whose difference overflows int64");
       TORCH_CHECK_VALUE(size >= 0, "Unbatch: batch_index row ", j, " has end ", p[3 * j + 2], " before start ",
                         p[3 * j + 1], " (negative split size)");
+      TORCH_CHECK_VALUE(size <= d0 - total, "Sum of split sizes must not exceed dim0-size of input tensor; rows 0..",
+                        j, " of batch_index need more than the ", d0, " rows of batched_tensor");
       total += size;
     }
-    TORCH_CHECK_VALUE(total <= d0, "Sum of split sizes must not exceed dim0-size of input tensor; sizes sum to ",
-                      total, " but batched_tensor has ", d0, " rows");
     int64_t offset = 0;
     pieces.reserve(k);
     for (int64_t j = 0; j < k; ++j) {
@@ -144,6 +159,12 @@ at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tenso
   TORCH_CHECK_VALUE(grad.dim() >= 1, "UnbatchGrad: grad must have at least one dimension, got shape ", grad.sizes());
   TORCH_CHECK_VALUE(batch_index.scalar_type() == at::kLong, "UnbatchGrad: batch_index must be int64, got ",
                     batch_index.scalar_type());
+  TORCH_CHECK_VALUE(timeout_micros >= -1, "UnbatchGrad: timeout_micros must be -1 (wait forever) or non-negative; was ",
+                    timeout_micros);
+  if (batch_index.dim() == 2 && batch_index.size(1) == 3 && batch_index.size(0) > 1) {
+    const at::Tensor idx = batch_index.to(at::kCPU).contiguous();
+    check_unique_ids(idx.const_data_ptr<int64_t>(), idx.size(0), "UnbatchGrad");
+  }
   const int64_t my = scalar_id(id);
   on_batching_call(nullptr);
   auto res = get_or_create_unbatch_grad(std::string(container), std::string(shared_name));

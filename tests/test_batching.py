@@ -418,6 +418,7 @@ def test_gradients_python_and_cpp_agree():
     (dict(max_enqueued_batches=-2), "max_enqueued_batches must be non-negative; was -2"),
     (dict(allowed_batch_sizes=[4, 2, 10]), "allowed_batch_sizes entries must be monotonically increasing"),
     (dict(allowed_batch_sizes=[2, 4]), "final entry in allowed_batch_sizes must equal max_batch_size"),
+    (dict(num_batch_threads=2**40), "num_batch_threads must be at most 1024; was 1099511627776"),  # was bad_alloc
 ])
 def test_attribute_validation(kwargs, match):
     args = dict(num_batch_threads=1, max_batch_size=10, batch_timeout_micros=0, grad_timeout_micros=0)
@@ -450,6 +451,43 @@ def test_unbatch_validation_order():
         ops.unbatch(torch.ones(2), torch.tensor([[1, 0, 3]]), torch.tensor(1), 10, shared_name=uniq())
     with pytest.raises(ValueError, match="negative split size"):
         ops.unbatch(torch.ones(2), torch.tensor([[1, 2, 1]]), torch.tensor(1), 10, shared_name=uniq())
+
+
+def test_unbatch_index_arithmetic_cannot_overflow():
+    big = 2**63 - 1
+    with pytest.raises(ValueError, match="whose difference overflows int64"):
+        ops.unbatch(torch.ones(3), torch.tensor([[1, -1, big]]), torch.tensor(1), 10, shared_name=uniq())
+    with pytest.raises(ValueError, match="Sum of split sizes must not exceed"):  # sizes whose sum wraps around
+        ops.unbatch(torch.ones(3), torch.tensor([[1, 0, big], [2, 0, big], [3, 0, 3]]), torch.tensor(1), 10,
+                    shared_name=uniq())
+
+
+def test_repeated_id_in_batch_index_is_an_error():
+    # Found by fuzzing: UnbatchGrad waited forever for a gradient it had counted twice.
+    idx = torch.tensor([[5, 0, 1], [5, 1, 2]])
+    with pytest.raises(ValueError, match=r"Unbatch: batch_index lists id 5 twice \(rows 0 and 1\)"):
+        ops.unbatch(torch.ones(2), idx, torch.tensor(5), 10, shared_name=uniq())
+    with pytest.raises(ValueError, match=r"UnbatchGrad: batch_index lists id 5 twice \(rows 0 and 1\)"):
+        ops.unbatch_grad(torch.ones(2), idx, torch.ones(1), torch.tensor(7), shared_name=uniq())
+    with pytest.raises(ValueError, match="timeout_micros must be -1 \\(wait forever\\) or non-negative; was -5"):
+        ops.unbatch_grad(torch.ones(1), torch.tensor([[7, 0, 1]]), torch.ones(1), torch.tensor(7),
+                         shared_name=uniq(), timeout_micros=-5)
+
+
+def test_huge_batch_timeout_waits_instead_of_overflowing():
+    # 2**62 us overflowed the clock's deadline, so every call shipped alone at once.
+    name = uniq()
+    got = []
+
+    def call(v):
+        def run():
+            b, idx, _ = ops.batch([torch.tensor([v])], 1, 2, 2**62, 0, shared_name=name)
+            got.append((b[0].tolist(), idx.shape[0]))
+        return run
+
+    _, errors = run_threads([call(1.0), call(2.0)], stagger=0.2)
+    no_errors(errors)
+    assert sorted(got) == [([], 0), ([1.0, 2.0], 2)]
 
 
 def test_unbatch_duplicate_keys():

@@ -81,6 +81,9 @@ void validate_options(const BatchOptions& o) {
                       " and max_batch_size ", o.max_batch_size);
   }
   TORCH_CHECK_VALUE(o.num_batch_threads >= 1, "num_batch_threads must be positive; was ", o.num_batch_threads);
+  // (each is an OS thread, started when the queue is created)
+  TORCH_CHECK_VALUE(o.num_batch_threads <= kMaxBatchThreads, "num_batch_threads must be at most ", kMaxBatchThreads,
+                    "; was ", o.num_batch_threads);
   TORCH_CHECK_VALUE(o.max_batch_size >= 1, "input_batch_size_limit must be positive; was ", o.max_batch_size,
                     " (max_batch_size)");
   TORCH_CHECK_VALUE(o.batch_timeout_micros >= 0, "batch_timeout_micros must be non-negative; was ",
@@ -368,7 +371,7 @@ void worker_loop(std::shared_ptr<BatchState> s) {
   prctl(PR_SET_TIMERSLACK, 1UL, 0, 0, 0);  // our own thread: precise batch timeouts
 #endif
   std::unique_lock<std::mutex> lk(s->mu);
-  const auto timeout = std::chrono::microseconds(s->opts.batch_timeout_micros);
+  const auto timeout = clamp_timeout(s->opts.batch_timeout_micros);
   while (true) {
     const auto now = Clock::now();
     auto next_wake = now + std::chrono::milliseconds(100);
@@ -448,7 +451,11 @@ void on_batching_call(const int64_t* last_row_id) {
     const double gap = std::chrono::duration<double, std::micro>(Clock::now() - t.processed).count();
     std::lock_guard<std::mutex> lk(state->mu);
     state->gap_ewma_us = state->gap_ewma_us == 0 ? gap : 0.8 * state->gap_ewma_us + 0.2 * gap;
-    if (!state->closed && gap < kDeferMaxMicros / 4) state->defer = true;
+    if (!state->closed && gap < kDeferMaxMicros / 4 && !state->defer) {
+      state->defer = true;
+      // A worker asleep for up to 100 ms must start watching the deferred groups' fallback deadlines.
+      state->cv.notify_all();
+    }
   }
   if (group) release_group(*group);
 }
@@ -552,7 +559,7 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
     open->size += task->size;
     task->batch = open;
     task->queue = &q;
-    task->due = open->start + std::chrono::microseconds(options_.batch_timeout_micros);
+    task->due = open->start + clamp_timeout(options_.batch_timeout_micros);
     ++q.stats.tasks;
     if (open->size >= max_size && q.batches.size() == 1) {
       // The batch is full and first in line: this task (its last, the holder) concatenates it on its

@@ -33,6 +33,15 @@ namespace batching {
 
 using Clock = std::chrono::steady_clock;
 
+// Timeouts are clamped to 100 years where they become deadlines, so that huge values (up to
+// INT64_MAX microseconds) mean "practically never" instead of overflowing the clock.
+inline std::chrono::microseconds clamp_timeout(int64_t micros) {
+  constexpr int64_t kMax = int64_t(100) * 365 * 24 * 3600 * 1000000;
+  return std::chrono::microseconds(micros < 0 ? 0 : (micros > kMax ? kMax : micros));
+}
+
+constexpr int64_t kMaxBatchThreads = 1024;  // num_batch_threads above this is a clear error
+
 struct BatchOptions {
   int64_t num_batch_threads = 1;
   int64_t max_batch_size = 1;

@@ -13,11 +13,7 @@ namespace torchops {
 namespace batching {
 
 namespace {
-Clock::time_point deadline_after(Clock::time_point now, int64_t micros) {
-  // Clamp so that huge timeouts do not overflow the clock.
-  constexpr int64_t kMax = int64_t(100) * 365 * 24 * 3600 * 1000000;
-  return now + std::chrono::microseconds(std::min<int64_t>(std::max<int64_t>(micros, 0), kMax));
-}
+Clock::time_point deadline_after(Clock::time_point now, int64_t micros) { return now + clamp_timeout(micros); }
 constexpr const char* kClosed =
     "the batching resources were closed (torchops.batching.close_all() was called or the process is exiting)";
 }  // namespace
