@@ -82,9 +82,9 @@ int64_t read_seq_len_max(const at::Tensor& s, int64_t T) {
 // The sequence ops accept seq_len_max on any device, so a CUDA seq_len_max beside CPU data dispatches
 // to the CUDA kernels (and vice versa would not): refuse rather than run them on host memory.
 void check_backend(const at::Tensor& x, const Kernels& k) {
-  TORCH_CHECK(x.device().type() == k.device, "x is on ", x.device(), " but another argument (seq_len_max?) is on ",
+  TORCH_CHECK(x.device().type() == k.device, "x is on ", x.device(), " but another argument is on ",
               c10::DeviceTypeName(k.device, /*lower_case=*/true),
-              ": the data tensors must share x's device; seq_len_max may be on the CPU");
+              ": every tensor must be on x's device, except seq_len_max, which may also be on the CPU");
 }
 
 // GEMMs into preallocated outputs (views of larger buffers).
