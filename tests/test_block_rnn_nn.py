@@ -94,6 +94,23 @@ def test_block_lstm_module_options():
         BlockLSTM(3, 4, version=2, forget_bias=1.0)
 
 
+def test_sequence_modules_check_the_initial_state_shape():
+    # Found by fuzzing: the state was reshaped, so a transposed or flat one was silently scrambled.
+    x = torch.randn(4, 2, 3)
+    g, m = BlockGRU(3, 5), BlockLSTM(3, 5)
+    h = torch.randn(2, 5)
+    assert torch.equal(g(x, h)[0], g(x, h[None])[0])
+    assert torch.equal(m(x, (h, h))[0], m(x, (h[None], h[None]))[0])
+    with pytest.raises(ValueError, match=r"h0 must have shape \[1, 2, 5\] or \[2, 5\], got \[5, 2\]"):
+        g(x, torch.randn(5, 2))
+    with pytest.raises(ValueError, match=r"c0 must have shape \[1, 2, 5\] or \[2, 5\], got \[10\]"):
+        m(x, (h, torch.randn(10)))
+    sg, sm = torch.jit.script(g), torch.jit.script(m)  # the modules stay scriptable
+    assert torch.equal(sg(x, h)[0], g(x, h)[0]) and torch.equal(sm(x, (h, h))[0], m(x, (h, h))[0])
+    with pytest.raises(Exception, match=r"h0 must have shape"):
+        sg(x, torch.randn(5, 2))
+
+
 class _Model(nn.Module):
     def __init__(self, kind):
         super().__init__()

@@ -97,6 +97,22 @@ def test_errors_like_torch():
     assert ours(torch.randn(1, 3, 1, 1)).shape == (1, 3, 1, 1)
     with pytest.raises(RuntimeError, match="scale must have the same number of elements as the channels of x"):
         ours(torch.randn(2, 4, 3, 3))
+    with pytest.raises(RuntimeError, match="got 3 and 0"):  # zero channels (was a ZeroDivisionError)
+        ours.train()(torch.randn(2, 0, 3, 3))
+    assert torchops.nn.BatchNorm2d(0)(torch.randn(2, 0, 3, 3)).shape == (2, 0, 3, 3)
+
+
+@pytest.mark.parametrize("momentum", [None, 1.0, 0.1])
+def test_empty_training_batch_keeps_running_stats_like_torch(momentum):
+    # Found by fuzzing: with momentum None / 1.0 an empty batch reached the op with eaf == 1, whose batch
+    # statistics of an empty set are NaN (TF semantics), and they became the running statistics.
+    torch.manual_seed(0)
+    ref, ours = nn.BatchNorm2d(3, momentum=momentum), torchops.nn.BatchNorm2d(3, momentum=momentum)
+    for x in (torch.randn(0, 3, 4, 4), torch.randn(8, 3, 4, 4), torch.randn(0, 3, 4, 4), torch.randn(5, 3, 4, 4)):
+        torch.testing.assert_close(ours(x), ref(x))
+        for name in ("running_mean", "running_var", "num_batches_tracked"):
+            torch.testing.assert_close(getattr(ours, name), getattr(ref, name))
+    assert torch.isfinite(ours.running_mean).all() and torch.isfinite(ours.running_var).all()
 
 
 def test_channels_last_input_is_not_copied():

@@ -30,6 +30,15 @@ from torch import Tensor, nn
 __all__ = ["GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM"]
 
 
+def _initial_state(t: Tensor, batch: int, cell: int, name: str) -> Tensor:
+    """A sequence module's initial state, `[1, B, C]` or `[B, C]` (as torch.nn.GRU / nn.LSTM take it)."""
+    if t.dim() == 3 and t.size(0) == 1:
+        t = t.squeeze(0)
+    if t.dim() != 2 or t.size(0) != batch or t.size(1) != cell:
+        raise ValueError(f"{name} must have shape [1, {batch}, {cell}] or [{batch}, {cell}], got {list(t.shape)}")
+    return t
+
+
 def _glorot_(w: Tensor) -> None:
     fan_in, fan_out = w.shape
     a = math.sqrt(6.0 / (fan_in + fan_out))
@@ -101,7 +110,7 @@ class BlockGRU(_GRUParams):
         if hx is None:
             h0 = torch.zeros(x.size(1), self.cell_size, dtype=x.dtype, device=x.device)
         else:
-            h0 = hx.reshape(x.size(1), self.cell_size)
+            h0 = _initial_state(hx, x.size(1), self.cell_size, "h0")
         seq = torch.tensor(x.size(0), dtype=torch.int64)
         h = torch.ops.torchops.block_gru(seq, x, h0, self.w_ru, self.w_c, self.b_ru, self.b_c)[3]
         h_n = (h[-1] if x.size(0) > 0 else h0).unsqueeze(0)
@@ -243,7 +252,7 @@ class BlockLSTM(_LSTMParams):
             h0 = torch.zeros(B, C, dtype=x.dtype, device=x.device)
             c0 = h0
         else:
-            h0, c0 = hx[0].reshape(B, C), hx[1].reshape(B, C)
+            h0, c0 = _initial_state(hx[0], B, C, "h0"), _initial_state(hx[1], B, C, "c0")
         seq = torch.tensor(x.size(0), dtype=torch.int64)
         if self.version == 2:
             out = torch.ops.torchops.block_lstm_v2(seq, x, c0, h0, self.w, self.wci, self.wcf, self.wco, self.b,

@@ -36,7 +36,9 @@ class _FusedBatchNorm(nn.modules.batchnorm._BatchNorm):
         running_mean = self.running_mean if not self.training or self.track_running_stats else None
         running_var = self.running_var if not self.training or self.track_running_stats else None
         if bn_training:
-            size = input.numel() // input.shape[1]
+            size = input.shape[0]  # values per channel (as torch's _verify_batch_size; no division by C)
+            for d in input.shape[2:]:
+                size *= d
             if size == 1:
                 raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
 
@@ -54,7 +56,9 @@ class _FusedBatchNorm(nn.modules.batchnorm._BatchNorm):
             var = running_var.to(_stats_dtype(input))
         y, batch_mean, batch_var, _, _, _ = torch.ops.torchops.fused_batch_norm_v3(
             input, scale, offset, mean, var, self.eps, eaf, "NCHW" if input.dim() == 4 else "NCDHW", bn_training)
-        if update:
+        # An empty batch leaves the running statistics as they are (torch does; the op would give the NaN
+        # statistics of an empty set when eaf == 1, i.e. momentum=None on the first batch or momentum=1).
+        if update and input.numel() > 0:
             assert running_mean is not None and running_var is not None
             with torch.no_grad():
                 running_mean.copy_(batch_mean)
