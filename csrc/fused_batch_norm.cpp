@@ -161,9 +161,8 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
     std::get<0>(out) = y;
     return out;
   }
-  at::Tensor y = at::empty_like(p.x);
-
   if (!has_data) {
+    at::Tensor y = at::empty_like(p.x);
     // Batch statistics of an empty set are undefined; running statistics pass through (spec §5.3).
     at::Tensor batch_mean = use_stats ? mean.clone() : nan_vector(channels, uopts);
     at::Tensor batch_var = use_stats ? variance.clone() : nan_vector(channels, uopts);
@@ -172,6 +171,7 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
 
   at::Tensor mean_b = at::empty({channels}, uopts);
   at::Tensor var_b = at::empty({channels}, uopts);
+  at::Tensor y = at::empty_like(p.x);
   kernels.train_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), epsilon, y, mean_b, var_b);
 
   const int64_t n = p.layout.n();
