@@ -169,24 +169,26 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
     return {y, batch_mean, batch_var, nan_vector(channels, uopts), nan_vector(channels, uopts), reserve_3};
   }
 
+  // Every small output is allocated before y and filled in place afterwards (see the inference branch).
   at::Tensor mean_b = at::empty({channels}, uopts);
   at::Tensor var_b = at::empty({channels}, uopts);
-  at::Tensor y = at::empty_like(p.x);  // after the small outputs, as in inference (glibc trimming)
+  at::Tensor batch_mean = at::empty({channels}, uopts);
+  at::Tensor batch_var = at::empty({channels}, uopts);
+  at::Tensor y = at::empty_like(p.x);
   kernels.train_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), epsilon, y, mean_b, var_b);
 
   const int64_t n = p.layout.n();
   const double adj = u == at::kFloat ? static_cast<double>(static_cast<float>(n) / static_cast<float>(std::max<int64_t>(n - 1, 1)))
                                      : static_cast<double>(n) / static_cast<double>(std::max<int64_t>(n - 1, 1));
   // Same operation order as TF's kernel, so float32 results round alike.
-  at::Tensor batch_mean, batch_var;
   if (exponential_avg_factor == 1.0) {
-    batch_mean = mean_b.clone();
-    batch_var = var_b.mul(adj);
+    batch_mean.copy_(mean_b);
+    batch_var.copy_(var_b).mul_(adj);
   } else {
     const double eaf = as_stats_scalar(exponential_avg_factor, u);
     const double keep = as_stats_scalar(1.0 - eaf, u);
-    batch_mean = mean.mul(keep).add_(mean_b.mul(eaf));
-    batch_var = variance.mul(keep).add_(var_b.mul(eaf).mul_(adj));
+    batch_mean.copy_(mean).mul_(keep).add_(mean_b.mul(eaf));
+    batch_var.copy_(variance).mul_(keep).add_(var_b.mul(eaf).mul_(adj));
   }
   return {y, batch_mean, batch_var, mean_b, var_b, reserve_3};
 }
