@@ -474,6 +474,12 @@ def test_repeated_id_in_batch_index_is_an_error():
                          shared_name=uniq(), timeout_micros=-5)
 
 
+def test_padding_to_a_huge_allowed_size_names_the_attribute():
+    with pytest.raises(RuntimeError, match=r"could not form a batch padded from 2 to 4611686018427387904 rows "
+                                           r"\(the next entry of allowed_batch_sizes\)"):
+        ops.batch([torch.ones(2)], 1, 2**62, 0, 0, 10, [2**62], shared_name=uniq())
+
+
 def test_huge_batch_timeout_waits_instead_of_overflowing():
     # 2**62 us overflowed the clock's deadline, so every call shipped alone at once.
     name = uniq()

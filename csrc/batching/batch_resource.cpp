@@ -315,7 +315,14 @@ void process_batch(BatchState& s, Queue& q, Batch& b) {
         shape[0] = padded - n;
         parts.push_back(ref.narrow(0, 0, 1).expand(shape));
       }
-      outs.push_back(k == 1 && padded == n ? ref.contiguous().clone() : at::cat(parts, 0));
+      try {
+        outs.push_back(k == 1 && padded == n ? ref.contiguous().clone() : at::cat(parts, 0));
+      } catch (const std::exception& e) {
+        // Name the attribute when padding is what made the batch too large to allocate.
+        TORCH_CHECK(padded == n, "Batch: could not form a batch padded from ", n, " to ", padded,
+                    " rows (the next entry of allowed_batch_sizes): ", error_text(e));
+        throw;
+      }
     }
     index = at::empty({k, 3}, at::TensorOptions().dtype(at::kLong));
     auto* p = index.data_ptr<int64_t>();
