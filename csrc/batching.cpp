@@ -161,14 +161,13 @@ at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tenso
                     batch_index.scalar_type());
   TORCH_CHECK_VALUE(timeout_micros >= -1, "UnbatchGrad: timeout_micros must be -1 (wait forever) or non-negative; was ",
                     timeout_micros);
-  if (batch_index.dim() == 2 && batch_index.size(1) == 3 && batch_index.size(0) > 1) {
-    const at::Tensor idx = batch_index.to(at::kCPU).contiguous();
-    check_unique_ids(idx.const_data_ptr<int64_t>(), idx.size(0), "UnbatchGrad");
-  }
+  // (the CPU copy is the one the resource reads too)
+  const at::Tensor idx = batch_index.to(at::kCPU).contiguous();
+  if (idx.dim() == 2 && idx.size(1) == 3) check_unique_ids(idx.const_data_ptr<int64_t>(), idx.size(0), "UnbatchGrad");
   const int64_t my = scalar_id(id);
   on_batching_call(nullptr);
   auto res = get_or_create_unbatch_grad(std::string(container), std::string(shared_name));
-  return res->run(original_input, batch_index, grad, my, timeout_micros);
+  return res->run(original_input, idx, grad, my, timeout_micros);
 }
 
 // Python-side helpers (no tensors; not traced by torch.compile).

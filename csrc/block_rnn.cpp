@@ -192,15 +192,22 @@ void check_gru_weights(const at::Tensor& x, const at::Tensor& w_ru, const at::Te
   check_like(x, b_c, "b_c");
 }
 
+// h_prev [B, C] and the weights, once x gave B and I (cells and sequences alike).
+void check_gru_h_prev_and_weights(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
+                                  const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c,
+                                  const Dims& d) {
+  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
+  check_like(x, h_prev, "h_prev");
+  check_gru_weights(x, w_ru, w_c, b_ru, b_c, d);
+}
+
 Dims check_gru_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
                     const at::Tensor& b_ru, const at::Tensor& b_c) {
   TORCH_CHECK(x.dim() == 2, "Rank of x must be 2, got ", x.dim());
   TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
   check_float(x, "x");
-  Dims d{x.size(0), x.size(1), h_prev.size(1)};
-  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
-  check_like(x, h_prev, "h_prev");
-  check_gru_weights(x, w_ru, w_c, b_ru, b_c, d);
+  const Dims d{x.size(0), x.size(1), h_prev.size(1)};
+  check_gru_h_prev_and_weights(x, h_prev, w_ru, w_c, b_ru, b_c, d);
   return d;
 }
 
@@ -217,10 +224,8 @@ Dims check_block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const a
   TORCH_CHECK(x.dim() == 3, "x must be 3D, got rank ", x.dim());
   TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
   check_float(x, "x");
-  Dims d{x.size(1), x.size(2), h_prev.size(1)};
-  TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
-  check_like(x, h_prev, "h_prev");
-  check_gru_weights(x, w_ru, w_c, b_ru, b_c, d);
+  const Dims d{x.size(1), x.size(2), h_prev.size(1)};
+  check_gru_h_prev_and_weights(x, h_prev, w_ru, w_c, b_ru, b_c, d);
   return d;
 }
 

@@ -632,15 +632,18 @@ def test_sequences_with_size_one_dims_and_odd_strides(I, C):
 # ================================================================================================
 # Errors (type and message)
 # ================================================================================================
+def _replaced(args, k, v):
+    """args with its k-th entry replaced by v (one bad argument per error case)."""
+    a = list(args)
+    a[k] = v
+    return a
+
+
 def _gru_err_cases():
     B, I, C = 2, 3, 4
     good = gru_inputs(B=B, I=I, C=C)
     z = torch.zeros
-
-    def with_(k, v):
-        a = list(good)
-        a[k] = v
-        return a
+    with_ = lambda k, v: _replaced(good, k, v)  # noqa: E731
     return [
         (with_(0, z(B * I, dtype=F64)), "Rank of x must be 2, got 1"),
         (with_(1, z(C, dtype=F64)), "Rank of h_prev must be 2, got 1"),
@@ -706,11 +709,7 @@ def _lstm_cell_err_cases():
     B, I, C = 2, 3, 4
     good = lstm_inputs(B=B, I=I, C=C)
     z = torch.zeros
-
-    def with_(k, v):
-        a = list(good)
-        a[k] = v
-        return a
+    with_ = lambda k, v: _replaced(good, k, v)  # noqa: E731
     return [
         (with_(0, z(B * I, dtype=F64)), r"x_tensor must be rank 2 but is rank 1\."),
         (with_(1, z(B, C, 1, dtype=F64)), "cs_prev_tensor must be rank 2 but is rank 3"),

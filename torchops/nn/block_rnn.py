@@ -145,9 +145,14 @@ class _LSTMParams(nn.Module):
                 for p in (self.wci, self.wcf, self.wco):
                     nn.init.uniform_(p, -0.1, 0.1)
 
-    def _torch_weights(self, ifco_w: Tensor, ifco_b: Tensor):
+    def _write_torch_weights(self, ifco_w: Tensor, ifco_b: Tensor, weight_ih: Tensor, weight_hh: Tensor,
+                             bias_ih: Tensor, bias_hh: Tensor) -> None:
+        """Stores IFCO `w` [I + C, 4C] / `b` [4C] into torch's weight_ih / weight_hh / bias_ih (bias_hh = 0)."""
         i = self.input_size
-        return ifco_w[:i].t().contiguous(), ifco_w[i:].t().contiguous(), ifco_b
+        weight_ih.copy_(ifco_w[:i].t())
+        weight_hh.copy_(ifco_w[i:].t())
+        bias_ih.copy_(ifco_b)
+        bias_hh.zero_()
 
     def extra_repr(self) -> str:
         return f"{self.input_size}, {self.cell_size}, use_peephole={self.use_peephole}"
@@ -192,11 +197,8 @@ class LSTMBlockCell(_LSTMParams):
         cell = nn.LSTMCell(self.input_size, self.cell_size, device=self.w.device, dtype=self.w.dtype)
         b = self.b.clone()
         b[2 * self.cell_size:3 * self.cell_size] += self.forget_bias
-        w_ih, w_hh, bias = self._torch_weights(_icfo_to_ifco(self.w), _icfo_to_ifco(b))
-        cell.weight_ih.copy_(w_ih)
-        cell.weight_hh.copy_(w_hh)
-        cell.bias_ih.copy_(bias)
-        cell.bias_hh.zero_()
+        self._write_torch_weights(_icfo_to_ifco(self.w), _icfo_to_ifco(b), cell.weight_ih, cell.weight_hh,
+                                  cell.bias_ih, cell.bias_hh)
         return cell
 
     @classmethod
@@ -278,11 +280,7 @@ class BlockLSTM(_LSTMParams):
         if self.version == 1:
             b[2 * self.cell_size:3 * self.cell_size] += self.forget_bias
             w, b = _icfo_to_ifco(w), _icfo_to_ifco(b)
-        w_ih, w_hh, bias = self._torch_weights(w, b)
-        lstm.weight_ih_l0.copy_(w_ih)
-        lstm.weight_hh_l0.copy_(w_hh)
-        lstm.bias_ih_l0.copy_(bias)
-        lstm.bias_hh_l0.zero_()
+        self._write_torch_weights(w, b, lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0, lstm.bias_hh_l0)
         return lstm
 
     @classmethod
