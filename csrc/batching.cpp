@@ -5,13 +5,15 @@
 #include "batching/batching.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
+#include <algorithm>
+#include <cstring>
 #include <sstream>
 #include <tuple>
-#include <unordered_map>
 
 namespace torchops {
 namespace batching {
@@ -32,17 +34,43 @@ std::string debug_string(const at::Tensor& t) {
 // Every invocation appears once in a batch_index (Batch makes the ids unique); a repeated id would
 // make Unbatch hand out rows twice and UnbatchGrad wait for a gradient that is already counted.
 void check_unique_ids(const int64_t* p, int64_t k, const char* op) {
-  std::unordered_map<int64_t, int64_t> seen;
-  for (int64_t j = 0; j < k; ++j) {
-    const auto [it, fresh] = seen.emplace(p[3 * j], j);
-    TORCH_CHECK_VALUE(fresh, op, ": batch_index lists id ", p[3 * j], " twice (rows ", it->second, " and ", j,
+  std::vector<std::pair<int64_t, int64_t>> seen(k);  // (id, row), sorted: no hashing per call
+  for (int64_t j = 0; j < k; ++j) seen[j] = {p[3 * j], j};
+  std::sort(seen.begin(), seen.end());
+  for (int64_t j = 1; j < k; ++j) {
+    TORCH_CHECK_VALUE(seen[j].first != seen[j - 1].first, op, ": batch_index lists id ", seen[j].first,
+                      " twice (rows ", seen[j - 1].second, " and ", seen[j].second,
                       "); each invocation of a batch appears once");
   }
 }
 
 int64_t scalar_id(const at::Tensor& id) {
   TORCH_CHECK(id.scalar_type() == at::kLong, "id must be an int64 tensor, got ", id.scalar_type());
+  if (id.is_cpu()) return *id.const_data_ptr<int64_t>();  // (0-dim, checked by the callers)
   return id.item<int64_t>();
+}
+
+// batch_index (or another small index tensor) as contiguous CPU int64 data, without dispatcher calls
+// when it already is.
+at::Tensor cpu_contiguous(const at::Tensor& t) {
+  return t.is_cpu() && t.is_contiguous() ? t : t.to(at::kCPU).contiguous();
+}
+
+// The rows [offset, offset + size) of `t` as a fresh tensor (what TF's Unbatch hands out): a plain
+// allocation + memcpy for contiguous CPU tensors (the common case, and on the batch holder's critical
+// path once per invocation), else clone().
+at::Tensor copy_rows(const at::Tensor& t, int64_t offset, int64_t size) {
+  if (t.is_cpu() && t.layout() == at::kStrided && !t.is_quantized() && t.is_contiguous() && !t.is_neg() &&
+      !t.is_conj()) {
+    std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
+    shape[0] = size;
+    at::Tensor out = at::Tensor(at::detail::empty_cpu(shape, t.scalar_type(), false));
+    const int64_t row = size > 0 ? out.nbytes() / size : 0;
+    if (out.nbytes() > 0)
+      std::memcpy(out.mutable_data_ptr(), static_cast<const char*>(t.const_data_ptr()) + offset * row, out.nbytes());
+    return out;
+  }
+  return t.narrow(0, offset, size).clone();
 }
 
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
@@ -60,7 +88,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
   validate_options(o);
   TORCH_CHECK_VALUE(!in_tensors.empty(), "Batch: in_tensors must contain at least one tensor, got an empty list");
   const std::string queue(batching_queue);
-  auto res = get_or_create_batch(std::string(container), std::string(shared_name), o);
+  auto res = get_or_create_batch(container, shared_name, o);
   for (const auto& t : in_tensors) {
     if (t.dim() == 0) {
       res->record_rejection(queue, "invalid_input");
@@ -85,9 +113,10 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
   std::vector<at::Tensor> inputs(in_tensors.begin(), in_tensors.end());
   BatchOutput out = res->run(std::move(inputs), queue);
   const auto dev = in_tensors[0].device();
-  at::Tensor id = at::empty({}, at::TensorOptions().dtype(at::kLong));
-  id.fill_(out.id);
-  return {out.batched, out.batch_index.to(dev), id.to(dev)};
+  at::Tensor id = at::Tensor(at::detail::empty_cpu({}, at::kLong, false));
+  *id.mutable_data_ptr<int64_t>() = out.id;
+  if (dev.is_cpu()) return {std::move(out.batched), std::move(out.batch_index), std::move(id)};
+  return {std::move(out.batched), out.batch_index.to(dev), id.to(dev)};
 }
 
 // Validation in TF's order (spec §5.1), then the sequential split.
@@ -116,8 +145,8 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
   std::vector<std::pair<int64_t, at::Tensor>> pieces;
   const int64_t k = batch_index.size(0);
   if (k > 0) {
-    const at::Tensor idx = batch_index.to(at::kCPU).contiguous();
-    const int64_t* p = idx.data_ptr<int64_t>();
+    const at::Tensor idx = cpu_contiguous(batch_index);
+    const int64_t* p = idx.const_data_ptr<int64_t>();
     check_unique_ids(p, k, "Unbatch");
     int64_t total = 0;  // (overflow-checked: the values are arbitrary user input)
     for (int64_t j = 0; j < k; ++j) {
@@ -134,11 +163,11 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
     pieces.reserve(k);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t size = p[3 * j + 2] - p[3 * j + 1];
-      pieces.emplace_back(p[3 * j], batched_tensor.narrow(0, offset, size).clone());
+      pieces.emplace_back(p[3 * j], copy_rows(batched_tensor, offset, size));
       offset += size;
     }
   }
-  auto res = get_or_create_unbatch(std::string(container), std::string(shared_name), timeout_micros);
+  auto res = get_or_create_unbatch(container, shared_name, timeout_micros);
   if (pieces.empty()) {
     on_batching_call(nullptr);  // release before blocking
     return res->run(my, std::move(pieces), timeout_micros);
@@ -162,11 +191,11 @@ at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tenso
   TORCH_CHECK_VALUE(timeout_micros >= -1, "UnbatchGrad: timeout_micros must be -1 (wait forever) or non-negative; was ",
                     timeout_micros);
   // (the CPU copy is the one the resource reads too)
-  const at::Tensor idx = batch_index.to(at::kCPU).contiguous();
+  const at::Tensor idx = cpu_contiguous(batch_index);
   if (idx.dim() == 2 && idx.size(1) == 3) check_unique_ids(idx.const_data_ptr<int64_t>(), idx.size(0), "UnbatchGrad");
   const int64_t my = scalar_id(id);
   on_batching_call(nullptr);
-  auto res = get_or_create_unbatch_grad(std::string(container), std::string(shared_name));
+  auto res = get_or_create_unbatch_grad(container, shared_name);
   return res->run(original_input, idx, grad, my, timeout_micros);
 }
 
@@ -184,7 +213,7 @@ int64_t batching_in_flight() { return in_flight(); }
 
 void unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::string_view container,
                   c10::string_view shared_name) {
-  auto res = find_unbatch(std::string(container), std::string(shared_name));
+  auto res = find_unbatch(container, shared_name);
   if (!res || batch_index.numel() == 0) return;
   TORCH_CHECK_VALUE(batch_index.dim() == 2 && batch_index.size(1) == 3,
                     "_unbatch_fail: batch_index must have shape [K, 3], got ", batch_index.sizes());

@@ -1,6 +1,7 @@
 // The shared batch scheduler behind torchops::batch (spec §3, §4).
 #include "batching/batching.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
@@ -647,9 +648,12 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
     for (const auto& t : task->inputs) {
       std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end());
       shape[0] = 0;
-      out.batched.push_back(at::empty(shape, t.options()));
+      // (empty_cpu skips the dispatcher: these are made once per request)
+      const bool plain_cpu = t.is_cpu() && t.layout() == at::kStrided && !t.is_quantized();
+      out.batched.push_back(plain_cpu ? at::Tensor(at::detail::empty_cpu(shape, t.scalar_type(), false))
+                                      : at::empty(shape, t.options()));
     }
-    out.batch_index = at::empty({0, 3}, at::TensorOptions().dtype(at::kLong));
+    out.batch_index = at::Tensor(at::detail::empty_cpu({0, 3}, at::kLong, false));
   }
   return out;
 }

@@ -14,6 +14,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/util/string_view.h>
 
 #include <atomic>
 #include <chrono>
@@ -137,13 +138,15 @@ class UnbatchResource {
     std::string error;
     Clock::time_point deadline;
   };
-  void sweep_locked(Clock::time_point now);
+  void sweep_locked(Clock::time_point now);  // drops expired pieces
+  void store_locked(int64_t key, Piece piece);
   const int64_t timeout_micros_;
   std::mutex mu_;
   bool closed_ = false;
   std::atomic<bool> closed_flag_{false};
   std::unordered_map<int64_t, std::shared_ptr<Waiter>> waiters_;
   std::unordered_map<int64_t, Piece> pieces_;
+  Clock::time_point next_expiry_ = Clock::time_point::max();  // no piece expires before this
 };
 
 class UnbatchGradResource {
@@ -170,13 +173,13 @@ class UnbatchGradResource {
 };
 
 // Process-wide registries. get_or_create_* check rule 20 (attributes fixed by the creator).
-std::shared_ptr<BatchResource> get_or_create_batch(const std::string& container, const std::string& shared_name,
+std::shared_ptr<BatchResource> get_or_create_batch(c10::string_view container, c10::string_view shared_name,
                                                    const BatchOptions& o);
-std::shared_ptr<UnbatchResource> get_or_create_unbatch(const std::string& container, const std::string& shared_name,
+std::shared_ptr<UnbatchResource> get_or_create_unbatch(c10::string_view container, c10::string_view shared_name,
                                                        int64_t timeout_micros);
-std::shared_ptr<UnbatchGradResource> get_or_create_unbatch_grad(const std::string& container,
-                                                               const std::string& shared_name);
-std::shared_ptr<UnbatchResource> find_unbatch(const std::string& container, const std::string& shared_name);
+std::shared_ptr<UnbatchGradResource> get_or_create_unbatch_grad(c10::string_view container,
+                                                               c10::string_view shared_name);
+std::shared_ptr<UnbatchResource> find_unbatch(c10::string_view container, c10::string_view shared_name);
 // Closes and forgets every resource (all kinds). Blocked calls get an error or their flushed batch.
 // With shutdown=true (interpreter exit), later calls fail at once instead of creating new resources.
 void close_all(bool shutdown = false);

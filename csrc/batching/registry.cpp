@@ -29,14 +29,15 @@ Registry& registry() {
   return *r;
 }
 
-std::string key_str(const Key& k) {
+std::string key_str(c10::string_view container, c10::string_view shared_name) {
   std::ostringstream ss;
-  ss << "(container='" << k.first << "', shared_name='" << k.second << "')";
+  ss << "(container='" << container << "', shared_name='" << shared_name << "')";
   return ss.str();
 }
 
-void check_same(const Key& k, const char* what, int64_t have, int64_t want) {
-  TORCH_CHECK_VALUE(have == want, "Batch: the batching resource ", key_str(k), " was created with ", what, "=",
+template <typename KeyStr>
+void check_same(const KeyStr& k, const char* what, int64_t have, int64_t want) {
+  TORCH_CHECK_VALUE(have == want, "Batch: the batching resource ", k(), " was created with ", what, "=",
                     have, " but this call passes ", what, "=", want,
                     "; the attributes of a shared batching resource are fixed by its creator");
 }
@@ -60,6 +61,46 @@ std::string json_escape(const std::string& s) {
 
 std::atomic<bool> g_shutdown{false};
 std::atomic<int64_t> g_in_flight{0};
+// Bumped (under the registry's mutex) whenever resources leave the registry, so that the per-thread
+// caches below never hand out a resource that close_all() has forgotten.
+std::atomic<uint64_t> g_generation{0};
+
+// Per-thread cache of the last few resources a thread looked up: a batching call then finds its
+// resource without the registry's process-wide mutex (contended by every client thread) or string
+// copies. Entries are valid while the generation is unchanged.
+template <typename R>
+class ThreadCache {
+ public:
+  std::shared_ptr<R> find(c10::string_view container, c10::string_view shared_name) {
+    const uint64_t gen = g_generation.load(std::memory_order_acquire);
+    if (gen != gen_) {
+      entries_.clear();
+      gen_ = gen;
+      return nullptr;
+    }
+    for (auto& e : entries_)
+      if (e.shared_name == shared_name && e.container == container) return e.res;
+    return nullptr;
+  }
+  // gen: the generation read under the registry's mutex when `res` was found or created.
+  void put(uint64_t gen, c10::string_view container, c10::string_view shared_name, std::shared_ptr<R> res) {
+    if (gen != gen_) {
+      entries_.clear();
+      gen_ = gen;
+    }
+    if (entries_.size() >= kEntries) entries_.erase(entries_.begin());
+    entries_.push_back(Entry{std::string(container), std::string(shared_name), std::move(res)});
+  }
+
+ private:
+  static constexpr size_t kEntries = 8;
+  struct Entry {
+    std::string container, shared_name;
+    std::shared_ptr<R> res;
+  };
+  uint64_t gen_ = ~uint64_t(0);
+  std::vector<Entry> entries_;
+};
 
 void check_not_shut_down() {
   TORCH_CHECK(!g_shutdown.load(), "the batching resources were shut down (the process is exiting); "
@@ -75,72 +116,75 @@ struct ExitHook {
   }
 } exit_hook;
 
-}  // namespace
-
-std::shared_ptr<BatchResource> get_or_create_batch(const std::string& container, const std::string& shared_name,
-                                                   const BatchOptions& o) {
-  auto& r = registry();
-  const Key k{container, shared_name};
-  std::lock_guard<std::mutex> lk(r.mu);
-  check_not_shut_down();
-  auto it = r.batch.find(k);
-  if (it == r.batch.end()) {
-    auto res = std::make_shared<BatchResource>(o);
-    r.batch.emplace(k, res);
-    return res;
-  }
-  const auto& have = it->second->options();
+void check_same_options(c10::string_view container, c10::string_view shared_name, const BatchOptions& have,
+                        const BatchOptions& o) {
+  const auto k = [&] { return key_str(container, shared_name); };
   check_same(k, "num_batch_threads", have.num_batch_threads, o.num_batch_threads);
   check_same(k, "max_batch_size", have.max_batch_size, o.max_batch_size);
   check_same(k, "batch_timeout_micros", have.batch_timeout_micros, o.batch_timeout_micros);
   check_same(k, "max_enqueued_batches", have.max_enqueued_batches, o.max_enqueued_batches);
   check_same(k, "grad_timeout_micros", have.grad_timeout_micros, o.grad_timeout_micros);
-  TORCH_CHECK_VALUE(have.allowed_batch_sizes == o.allowed_batch_sizes, "Batch: the batching resource ", key_str(k),
+  TORCH_CHECK_VALUE(have.allowed_batch_sizes == o.allowed_batch_sizes, "Batch: the batching resource ", k(),
                     " was created with allowed_batch_sizes=", c10::IntArrayRef(have.allowed_batch_sizes),
                     " but this call passes allowed_batch_sizes=", c10::IntArrayRef(o.allowed_batch_sizes),
                     "; the attributes of a shared batching resource are fixed by its creator");
-  return it->second;
 }
 
-std::shared_ptr<UnbatchResource> get_or_create_unbatch(const std::string& container, const std::string& shared_name,
-                                                       int64_t timeout_micros) {
+// The registry lookup behind get_or_create_*: the thread's cache first, else the registry (under its
+// mutex: the shutdown check, creation).
+template <typename R, typename Make>
+std::shared_ptr<R> lookup(std::map<Key, std::shared_ptr<R>> Registry::*map, ThreadCache<R>& cache,
+                          c10::string_view container, c10::string_view shared_name, bool create, Make make) {
+  if (auto hit = cache.find(container, shared_name)) return hit;
   auto& r = registry();
-  const Key k{container, shared_name};
+  Key k{std::string(container), std::string(shared_name)};
   std::lock_guard<std::mutex> lk(r.mu);
-  check_not_shut_down();
-  auto it = r.unbatch.find(k);
-  if (it == r.unbatch.end()) {
-    auto res = std::make_shared<UnbatchResource>(timeout_micros);
-    r.unbatch.emplace(k, res);
-    return res;
+  if (create) check_not_shut_down();
+  auto& m = r.*map;
+  auto it = m.find(k);
+  if (it == m.end()) {
+    if (!create) return nullptr;
+    it = m.emplace(k, make()).first;
   }
-  TORCH_CHECK_VALUE(it->second->timeout_micros() == timeout_micros, "Unbatch: the unbatch resource ", key_str(k),
-                    " was created with timeout_micros=", it->second->timeout_micros(),
+  cache.put(g_generation.load(std::memory_order_relaxed), container, shared_name, it->second);
+  return it->second;
+}
+}  // namespace
+
+std::shared_ptr<BatchResource> get_or_create_batch(c10::string_view container, c10::string_view shared_name,
+                                                   const BatchOptions& o) {
+  thread_local ThreadCache<BatchResource> cache;
+  auto res = lookup(&Registry::batch, cache, container, shared_name, true, [&] {
+    return std::make_shared<BatchResource>(o);
+  });
+  check_same_options(container, shared_name, res->options(), o);
+  return res;
+}
+
+std::shared_ptr<UnbatchResource> get_or_create_unbatch(c10::string_view container, c10::string_view shared_name,
+                                                       int64_t timeout_micros) {
+  thread_local ThreadCache<UnbatchResource> cache;
+  auto res = lookup(&Registry::unbatch, cache, container, shared_name, true, [&] {
+    return std::make_shared<UnbatchResource>(timeout_micros);
+  });
+  TORCH_CHECK_VALUE(res->timeout_micros() == timeout_micros, "Unbatch: the unbatch resource ",
+                    key_str(container, shared_name), " was created with timeout_micros=", res->timeout_micros(),
                     " but this call passes timeout_micros=", timeout_micros,
                     "; the attributes of a shared unbatch resource are fixed by its creator");
-  return it->second;
+  return res;
 }
 
-std::shared_ptr<UnbatchResource> find_unbatch(const std::string& container, const std::string& shared_name) {
-  auto& r = registry();
-  std::lock_guard<std::mutex> lk(r.mu);
-  auto it = r.unbatch.find(Key{container, shared_name});
-  return it == r.unbatch.end() ? nullptr : it->second;
+std::shared_ptr<UnbatchResource> find_unbatch(c10::string_view container, c10::string_view shared_name) {
+  thread_local ThreadCache<UnbatchResource> cache;
+  return lookup(&Registry::unbatch, cache, container, shared_name, false,
+                []() -> std::shared_ptr<UnbatchResource> { return nullptr; });
 }
 
-std::shared_ptr<UnbatchGradResource> get_or_create_unbatch_grad(const std::string& container,
-                                                               const std::string& shared_name) {
-  auto& r = registry();
-  const Key k{container, shared_name};
-  std::lock_guard<std::mutex> lk(r.mu);
-  check_not_shut_down();
-  auto it = r.unbatch_grad.find(k);
-  if (it == r.unbatch_grad.end()) {
-    auto res = std::make_shared<UnbatchGradResource>();
-    r.unbatch_grad.emplace(k, res);
-    return res;
-  }
-  return it->second;
+std::shared_ptr<UnbatchGradResource> get_or_create_unbatch_grad(c10::string_view container,
+                                                               c10::string_view shared_name) {
+  thread_local ThreadCache<UnbatchGradResource> cache;
+  return lookup(&Registry::unbatch_grad, cache, container, shared_name, true,
+                [] { return std::make_shared<UnbatchGradResource>(); });
 }
 
 InFlight::InFlight() { ++g_in_flight; }
@@ -155,6 +199,7 @@ void close_all(bool shutdown) {
   {
     std::lock_guard<std::mutex> lk(r.mu);
     if (shutdown) g_shutdown = true;
+    g_generation.fetch_add(1, std::memory_order_release);
     batch.swap(r.batch);
     unbatch.swap(r.unbatch);
     unbatch_grad.swap(r.unbatch_grad);

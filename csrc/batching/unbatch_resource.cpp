@@ -22,12 +22,21 @@ constexpr const char* kClosed =
 // Unbatch
 
 void UnbatchResource::sweep_locked(Clock::time_point now) {
+  if (now <= next_expiry_) return;  // nothing has expired yet: no scan on every call
+  next_expiry_ = Clock::time_point::max();
   for (auto it = pieces_.begin(); it != pieces_.end();) {
-    if (it->second.deadline < now)
+    if (it->second.deadline < now) {
       it = pieces_.erase(it);
-    else
+    } else {
+      next_expiry_ = std::min(next_expiry_, it->second.deadline);
       ++it;
+    }
   }
+}
+
+void UnbatchResource::store_locked(int64_t key, Piece piece) {
+  next_expiry_ = std::min(next_expiry_, piece.deadline);
+  pieces_[key] = std::move(piece);
 }
 
 void UnbatchResource::complete(Waiter& w, at::Tensor value, const std::string& error) {
@@ -76,7 +85,7 @@ at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::T
         for (auto& [w2, v2] : completions) complete(*w2, std::move(v2), "");
         TORCH_CHECK(false, "Multiple tensors returned for same batch key.");
       } else {
-        pieces_.emplace(key, Piece{std::move(value), "", deadline});
+        store_locked(key, Piece{std::move(value), "", deadline});
       }
     }
   }
@@ -124,7 +133,7 @@ void UnbatchResource::fail(const std::vector<int64_t>& keys, const std::string& 
         failed.push_back(std::move(w->second));
         waiters_.erase(w);
       } else {
-        pieces_[key] = Piece{at::Tensor(), message, deadline};
+        store_locked(key, Piece{at::Tensor(), message, deadline});
       }
     }
   }

@@ -22,6 +22,7 @@ class Batched(torch.nn.Module):
 
     allowed_batch_sizes: List[int]
     shared_name: str
+    unbatch_name: str
 
     def __init__(self, module: torch.nn.Module, num_batch_threads: int = 1, max_batch_size: int = 32,
                  batch_timeout_micros: int = 1000, allowed_batch_sizes: Optional[List[int]] = None,
@@ -40,6 +41,7 @@ class Batched(torch.nn.Module):
         self.container = container
         self.shared_name: str = shared_name if shared_name is not None else f"torchops.nn.Batched/{uuid.uuid4().hex}"
         self.batching_queue = batching_queue
+        self.unbatch_name: str = self.shared_name + "/unbatch"  # (not rebuilt on every call)
 
     def extra_repr(self) -> str:
         return (f"num_batch_threads={self.num_batch_threads}, max_batch_size={self.max_batch_size}, "
@@ -52,7 +54,7 @@ class Batched(torch.nn.Module):
             return self.module(batched)
         except BaseException as e:  # hand the error to every call of the batch, not only this one
             torch.ops.torchops._unbatch_fail(index, f"Batched: the wrapped module failed on the batch: {e!r}",
-                                             self.container, self.shared_name + "/unbatch")
+                                             self.container, self.unbatch_name)
             raise
 
     def forward(self, x: Tensor) -> Tensor:
@@ -74,4 +76,4 @@ class Batched(torch.nn.Module):
         else:
             y = batched[0]  # placeholder: Unbatch delivers this call's rows of the holder's result
         return torch.ops.torchops.unbatch(y, index, id, self.unbatch_timeout_micros, self.container,
-                                          self.shared_name + "/unbatch")
+                                          self.unbatch_name)
