@@ -211,18 +211,25 @@ void batching_close_all(bool shutdown) { close_all(shutdown); }
 
 int64_t batching_in_flight() { return in_flight(); }
 
+// Fails the calls of a batch whose holder could not produce the batched output. timeout_micros: the
+// Unbatch resource's (it is created if no call has reached Unbatch yet, so that the failure waits for
+// them); -1: only an existing resource is told.
 void unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::string_view container,
-                  c10::string_view shared_name) {
-  auto res = find_unbatch(container, shared_name);
-  if (!res || batch_index.numel() == 0) return;
+                  c10::string_view shared_name, int64_t timeout_micros) {
+  struct Release {  // then release the calls this thread holds back (deferred release): they see the failure
+    ~Release() { on_batching_call(nullptr); }
+  } release;
+  if (batch_index.numel() == 0) return;
   TORCH_CHECK_VALUE(batch_index.dim() == 2 && batch_index.size(1) == 3,
                     "_unbatch_fail: batch_index must have shape [K, 3], got ", batch_index.sizes());
+  auto res = timeout_micros >= 0 ? get_or_create_unbatch(container, shared_name, timeout_micros)
+                                 : find_unbatch(container, shared_name);
+  if (!res) return;
   const at::Tensor idx = batch_index.to(at::kCPU).to(at::kLong).contiguous();
   const int64_t* p = idx.data_ptr<int64_t>();
   std::vector<int64_t> keys;
   for (int64_t j = 0; j < idx.size(0); ++j) keys.push_back(p[3 * j]);
   res->fail(keys, std::string(message));
-  on_batching_call(nullptr);
 }
 
 }  // namespace
@@ -246,7 +253,10 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
   m.def("_batching_list_queues() -> str", &torchops::batching::batching_list_queues);
   m.def("_batching_close_all(bool shutdown=False) -> ()", &torchops::batching::batching_close_all);
   m.def("_batching_in_flight() -> int", &torchops::batching::batching_in_flight);
-  m.def("_unbatch_fail(Tensor batch_index, str message, str container=\"\", str shared_name=\"\") -> ()",
+  // CONSERVATIVE: an op with no outputs is otherwise dead code to TorchScript, which would drop the call.
+  m.def(torch::schema("_unbatch_fail(Tensor batch_index, str message, str container=\"\", str shared_name=\"\", "
+                      "int timeout_micros=-1) -> ()",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
         &torchops::batching::unbatch_fail);
 }
 

@@ -555,6 +555,49 @@ def test_attribute_mismatch_on_shared_resource():
         ops.unbatch(torch.ones(1), torch.tensor([[1, 0, 1]]), torch.tensor(1), 200, shared_name=uname)
 
 
+def test_resources_are_looked_up_afresh_after_close_all():
+    # (each thread caches its recent lookups; close_all must invalidate them)
+    name = uniq()
+    ops.batch([torch.ones(1)], 1, 4, 0, 0, shared_name=name)
+    ops.unbatch(torch.ones(1), torch.tensor([[1, 0, 1]]), torch.tensor(1), 100, shared_name=name + "u")
+    close_all()
+    ops.batch([torch.ones(1)], 2, 5, 0, 0, shared_name=name)  # a fresh resource: other attributes are fine
+    ops.unbatch(torch.ones(1), torch.tensor([[1, 0, 1]]), torch.tensor(1), 200, shared_name=name + "u")
+    with pytest.raises(ValueError, match="was created with max_batch_size=5 but this call passes max_batch_size=4"):
+        ops.batch([torch.ones(1)], 2, 4, 0, 0, shared_name=name)
+
+
+@pytest.mark.parametrize("kind", ["contiguous", "transposed", "neg_view", "conj_view", "channels_last", "bool",
+                                  "float16"])
+def test_unbatch_hands_out_independent_copies(kind):
+    base = torch.arange(5 * 2 * 3 * 4, dtype=torch.float32).reshape(5, 2, 3, 4)
+    if kind == "transposed":
+        batched = base.reshape(5, 24).t().contiguous().t()  # [5, 24], non-contiguous
+    elif kind == "neg_view":
+        batched = torch._neg_view(base)
+    elif kind == "conj_view":
+        batched = torch.complex(base, base + 1).conj()
+    elif kind == "channels_last":
+        batched = base.contiguous(memory_format=torch.channels_last)
+    elif kind == "bool":
+        batched = base.remainder(3) == 0
+    elif kind == "float16":
+        batched = base.half()
+    else:
+        batched = base.clone()
+    expected = batched.resolve_conj().resolve_neg().clone()
+    name = uniq()
+    index = torch.tensor([[11, 0, 2], [12, 2, 5]])
+    mine = ops.unbatch(batched, index, torch.tensor(11), S, shared_name=name)
+    other = ops.unbatch(batched, torch.zeros(0, 3, dtype=torch.long), torch.tensor(12), S, shared_name=name)
+    assert torch.equal(mine.resolve_conj().resolve_neg(), expected[:2])
+    assert torch.equal(other.resolve_conj().resolve_neg(), expected[2:])
+    assert mine.dtype == batched.dtype and other.shape == (3,) + batched.shape[1:]
+    if kind not in ("neg_view", "conj_view"):  # (views of `base`: writes go through other paths)
+        batched.zero_()  # the pieces are copies, not views of the batch
+        assert torch.equal(mine, expected[:2]) and torch.equal(other, expected[2:])
+
+
 @pytest.mark.parametrize("second,match", [
     (torch.ones(1, 3), "Dimensions of inputs should match"),
     (torch.ones(1, 2, dtype=torch.float64), "Dtypes of inputs should match"),
@@ -693,6 +736,42 @@ def test_batched_module_parameter_gradients_from_threads():
     (out * out).sum().backward()
     for p, q in zip(mlp.parameters(), ref.parameters()):
         assert torch.allclose(p.grad, q.grad)
+
+
+@pytest.mark.parametrize("front", ["module", "script", "function"])
+@pytest.mark.parametrize("wrong", ["fewer_rows", "more_rows", "scalar"])
+def test_output_that_is_not_row_wise_fails_every_call(front, wrong):
+    def f(x):
+        if wrong == "fewer_rows":
+            return x.sum(0, keepdim=True)
+        if wrong == "more_rows":
+            return torch.cat([x, x])
+        return x.sum()
+
+    class M(torch.nn.Module):
+        def __init__(self, wrong: str):
+            super().__init__()
+            self.wrong = wrong
+
+        def forward(self, x):
+            if self.wrong == "fewer_rows":
+                return x.sum(0, keepdim=True)
+            if self.wrong == "more_rows":
+                return torch.cat([x, x])
+            return x.sum()
+
+    if front == "function":
+        call = batch_function(1, 2, 10 * S)(f)
+    else:
+        call = torchops.nn.Batched(M(wrong), 1, 2, 10 * S)
+        if front == "script":
+            call = torch.jit.script(call)
+    t0 = time.monotonic()
+    with torch.no_grad():
+        _, errors = run_threads([lambda: call(torch.ones(1, 3)), lambda: call(torch.ones(1, 3))])
+    assert time.monotonic() - t0 < 10  # nobody waits for the unbatch timeout
+    for e in errors:
+        assert e is not None and "row" in str(e), e
 
 
 def test_timeout_zero_ships_at_once_and_ids_unique():

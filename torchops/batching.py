@@ -93,7 +93,7 @@ def batch_function(num_batch_threads: int, max_batch_size: int, batch_timeout_mi
                 except BaseException as e:
                     msg = f"batch_function: {getattr(fn, '__qualname__', fn)!r} failed on the batch: {e!r}"
                     for k in range(structure.get("n", 1)):
-                        torch.ops.torchops._unbatch_fail(index, msg, container, unbatch_name(k))
+                        torch.ops.torchops._unbatch_fail(index, msg, container, unbatch_name(k), unbatch_timeout_micros)
                     raise
             elif "n" in structure and not torch.is_grad_enabled():
                 out = None
@@ -103,6 +103,16 @@ def batch_function(num_batch_threads: int, max_batch_size: int, batch_timeout_mi
             if out is not None:
                 single = isinstance(out, Tensor)
                 outs = [out] if single else list(out)
+                rows = batched[0].shape[0]
+                bad = [tuple(o.shape) if isinstance(o, Tensor) else type(o).__name__ for o in outs
+                       if not (isinstance(o, Tensor) and o.dim() > 0 and o.shape[0] == rows)]
+                if bad:
+                    # Not row-wise: splitting would hand out wrong rows (or leave the others waiting).
+                    msg = (f"batch_function: {getattr(fn, '__qualname__', fn)!r} must return tensors whose dim 0 is "
+                           f"the batch's ({rows} rows), got shape(s) {bad}")
+                    for k in range(max(len(outs), structure.get("n", 1)) if holder else 0):
+                        torch.ops.torchops._unbatch_fail(index, msg, container, unbatch_name(k), unbatch_timeout_micros)
+                    raise ValueError(msg)
                 with lock:
                     structure.setdefault("n", len(outs))
                     structure.setdefault("single", single)

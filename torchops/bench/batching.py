@@ -5,6 +5,12 @@ request latency for 1, 4, 16 and 32 clients, and the batcher's own added latency
 load (1 client: batched minus unbatched median latency; it includes the wait for the batch timeout,
 since a lone client never fills a batch). Targets (issue 4): batched throughput >= 3x unbatched at 16+
 clients; added latency at low load <= batch_timeout_micros + 200 us.
+
+`cpus_busy` (process CPU time / wall time) tells a CPU-bound run (close to the core count) from one
+that waits on thread wake-ups. A last table gives what the machine allows at all: the compute-only
+ceiling (every core running full batches back to back, nothing else) and the ceiling once the
+hand-off floor is paid (the CPU time per request of a minimal mutex + condition-variable batcher with
+no tensors, measured by the C++ driver's `--handoff` mode), against the measured unbatched rate.
 """
 import os
 import statistics
@@ -17,11 +23,11 @@ import uuid
 import torch
 
 import torchops
-from ._timing import print_table
+from ._timing import median_seconds, print_table
 
 IN, HIDDEN, OUT = 256, 1024, 256
 CLIENTS = [1, 4, 16, 32]
-MAX_BATCH = [8, 32]
+MAX_BATCH = [8, 16, 32]
 TIMEOUT_US = 1000
 
 
@@ -31,7 +37,7 @@ def _mlp(device):
 
 
 def _drive(fn, clients, seconds, device):
-    """Each client calls fn(x) back to back for `seconds`; returns (requests/s, p50 us, p99 us)."""
+    """Each client calls fn(x) back to back for `seconds`; returns (requests/s, p50 us, p99 us, cpus busy)."""
     lat = [[] for _ in range(clients)]
     start = threading.Barrier(clients + 1)
     stop = threading.Event()
@@ -58,18 +64,19 @@ def _drive(fn, clients, seconds, device):
     for t in threads:
         t.start()
     start.wait()
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     time.sleep(seconds)
     stop.set()
     for t in threads:
         t.join(60)
     elapsed = time.perf_counter() - t0
+    cpus = (time.process_time() - cpu0) / elapsed
     if errors:
         raise errors[0]
     all_lat = sorted(v for l in lat for v in l)
     n = len(all_lat)
     p = lambda q: all_lat[min(n - 1, int(q * (n - 1) + 0.5))] * 1e6  # noqa: E731
-    return n / elapsed, p(0.5), p(0.99)
+    return n / elapsed, p(0.5), p(0.99), cpus
 
 
 def _interleaved_latency(direct, batched, device, seconds):
@@ -120,6 +127,38 @@ class _CppModel:
         return tuple(float(v) for v in p.stdout.split())
 
 
+def _handoff_us(exe, clients, max_batch, seconds):
+    """CPU microseconds per request of the driver's minimal batcher (no tensors): the hand-off floor."""
+    p = subprocess.run([exe, "--handoff", str(clients), str(max_batch), str(seconds)], capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"batching bench driver (--handoff) failed: {p.stdout}{p.stderr}")
+    rps, _, _, cpus = (float(v) for v in p.stdout.split())
+    return cpus / rps * 1e6
+
+
+def _ceilings(mlp, exe, rows, seconds):
+    """What this machine allows for the cpp mode's batched runs at 16+ clients (see the module doc)."""
+    cores = len(os.sched_getaffinity(0))
+    unbatched = {r["clients"]: r["unbatched_req/s"] for r in rows if r["mode"] == "cpp"}
+    measured = {(r["clients"], r["max_batch"]): r["speedup"] for r in rows if r["mode"] == "cpp"}
+    out = []
+    for max_batch in MAX_BATCH:
+        x = torch.randn(max_batch, IN)
+        row_us = median_seconds(lambda: mlp(x), torch.device("cpu"), min_time=0.3) / max_batch * 1e6
+        for clients in (c for c in CLIENTS if c >= 16 and c >= max_batch):
+            in_flight = min(cores, clients // max_batch)  # batches that can run at once
+            handoff = _handoff_us(exe, clients, max_batch, seconds)
+            compute = in_flight / row_us * 1e6
+            with_handoff = min(compute, cores / (row_us + handoff) * 1e6)
+            out.append({"clients": clients, "max_batch": max_batch, "model_us_per_row": row_us,
+                        "batches_at_once": in_flight, "handoff_us_per_req": handoff, "compute_ceiling_req/s": compute,
+                        "ceiling_req/s": with_handoff, "unbatched_req/s": unbatched[clients],
+                        "ceiling_speedup": with_handoff / unbatched[clients],
+                        "measured_speedup": measured[(clients, max_batch)]})
+    return out
+
+
 def _median_drive(fns, clients, seconds, device, rounds):
     """Alternates the callables `rounds` times; per callable the round with the median throughput."""
     per = [[] for _ in fns]
@@ -168,11 +207,12 @@ def run(args):
                         b = torch.jit.script(b)
                     batched.append(_CppModel(exe, b, tmpdir) if mode == "cpp" else b)
                 results = _median_drive([direct] + batched, clients, seconds, device, rounds)
-                tp_u, p50_u, p99_u = results[0]
-                for max_batch, b, (tp_b, p50_b, p99_b) in zip(MAX_BATCH, batched, results[1:]):
+                tp_u, p50_u, p99_u, cpus_u = results[0]
+                for max_batch, b, (tp_b, p50_b, p99_b, cpus_b) in zip(MAX_BATCH, batched, results[1:]):
                     row = {"mode": mode, "clients": clients, "max_batch": max_batch, "unbatched_req/s": tp_u,
                            "batched_req/s": tp_b, "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u,
-                           "unbatched_p99_us": p99_u, "batched_p50_us": p50_b, "batched_p99_us": p99_b}
+                           "unbatched_p99_us": p99_u, "batched_p50_us": p50_b, "batched_p99_us": p99_b,
+                           "unbatched_cpus": cpus_u, "batched_cpus": cpus_b}
                     if mode != "cpp":  # (the cpp driver's queues live in its own process)
                         s = torchops.batching.stats(b.shared_name)
                         row["mean_batch"] = s["rows"] / max(1, s["batches_formed"])
@@ -191,6 +231,7 @@ def run(args):
                 added.append({"mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
                               "batched_p50_us": p50_b, "batched_p99_us": p99_b, "added_p50_us": p50_b - p50_u,
                               "budget_us": timeout + 200, "met": p50_b - p50_u <= timeout + 200})
+        ceilings = _ceilings(mlp, exe, rows, seconds) if exe is not None else []
     torch.set_num_threads(prev_threads)
     print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
                 f"nn.Batched(max_batch_size=max_batch, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) "
@@ -198,10 +239,19 @@ def run(args):
                 f"calling torch.jit.script'ed modules, cpp = C++ threads of a libtorch process calling the scripted "
                 f"modules)", rows,
                 ["mode", "clients", "max_batch", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
-                 "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "mean_batch", "queue_wait_p50_us"])
+                 "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "unbatched_cpus", "batched_cpus",
+                 "mean_batch", "queue_wait_p50_us"])
     print_table("batching: added latency per request at low load (1 client alternating direct and batched "
                 "calls, medians)", added,
                 ["mode", "batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "batched_p99_us", "added_p50_us",
                  "budget_us", "met"])
+    if ceilings:
+        print_table(f"batching: what this machine allows ({len(os.sched_getaffinity(0))} cores; cpp mode's "
+                    "unbatched rate as the baseline; model_us_per_row: the MLP on one max_batch-row batch, one "
+                    "thread; ceiling = min(batches_at_once / model time per row, cores / (model time per row + "
+                    "hand-off floor per request))", ceilings,
+                    ["clients", "max_batch", "model_us_per_row", "batches_at_once", "handoff_us_per_req",
+                     "compute_ceiling_req/s", "ceiling_req/s", "unbatched_req/s", "ceiling_speedup",
+                     "measured_speedup"])
     torchops.batching.close_all()
-    return {"throughput": rows, "added_latency": added}
+    return {"throughput": rows, "added_latency": added, "ceilings": ceilings}

@@ -1,21 +1,88 @@
 // Benchmark driver for `python -m torchops.bench --filter batching` (mode "cpp"): a Python-free
 // libtorch process that dlopens the torchops library, loads a TorchScript model and calls it with
 // 1-row requests from N C++ threads for a fixed time (the "TorchScript model served from many C++
-// threads" use case, without the Python GIL). Prints: requests_per_s p50_us p99_us
+// threads" use case, without the Python GIL). Prints: requests_per_s p50_us p99_us cpus_busy
+// (cpus_busy: the process's CPU time / wall time; below the core count = threads waiting, not working).
+//
+// `--handoff clients batch seconds`: the hand-off floor of this machine, with no torch at all: N threads
+// form batches of `batch` requests through one mutex and a condition variable per batch (the batch's
+// last arrival wakes the others), the least any batcher whose callers block must pay. Prints:
+// requests_per_s 0 0 cpus_busy.
 #include <ATen/Parallel.h>
 #include <torch/script.h>
 
 #include <dlfcn.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
+namespace {
+
+double cpu_seconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+}
+
+int handoff(int clients, int batch, double seconds) {
+  struct Batch {
+    int n = 0;
+    bool done = false;
+    std::condition_variable cv;
+  };
+  std::mutex mu;
+  auto open = std::make_shared<Batch>();
+  std::atomic<bool> stop{false};
+  std::atomic<long> requests{0};
+  const double cpu0 = cpu_seconds();
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> pool;
+  for (int i = 0; i < clients; ++i) {
+    pool.emplace_back([&] {
+      long n = 0;
+      while (!stop) {
+        std::unique_lock<std::mutex> l(mu);
+        auto b = open;
+        if (++b->n == batch) {
+          open = std::make_shared<Batch>();
+          b->done = true;
+          l.unlock();
+          b->cv.notify_all();
+        } else {
+          b->cv.wait(l, [&] { return b->done || stop.load(); });
+        }
+        ++n;
+      }
+      requests += n;
+    });
+  }
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  stop = true;
+  {
+    std::lock_guard<std::mutex> l(mu);
+    open->cv.notify_all();
+  }
+  for (auto& t : pool) t.join();
+  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf("%f 0 0 %f\n", requests / elapsed, (cpu_seconds() - cpu0) / elapsed);
+  return 0;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  if (argc == 5 && std::strcmp(argv[1], "--handoff") == 0)
+    return handoff(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]));
   if (argc < 6) {
     std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds in_features\n", argv[0]);
     return 2;
@@ -51,17 +118,19 @@ int main(int argc, char** argv) {
     });
   }
   while (ready < clients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double cpu0 = cpu_seconds();
   const auto start = std::chrono::steady_clock::now();
   go = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   stop = true;
   for (auto& t : pool) t.join();
   const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double cpus_busy = (cpu_seconds() - cpu0) / elapsed;
   std::vector<double> all;
   for (auto& l : lat) all.insert(all.end(), l.begin(), l.end());
   std::sort(all.begin(), all.end());
   if (all.empty()) return 1;
   auto pct = [&](double q) { return all[std::min(all.size() - 1, static_cast<size_t>(q * (all.size() - 1) + 0.5))]; };
-  std::printf("%f %f %f\n", all.size() / elapsed, pct(0.5), pct(0.99));
+  std::printf("%f %f %f %f\n", all.size() / elapsed, pct(0.5), pct(0.99), cpus_busy);
   return 0;
 }

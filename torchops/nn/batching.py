@@ -54,7 +54,7 @@ class Batched(torch.nn.Module):
             return self.module(batched)
         except BaseException as e:  # hand the error to every call of the batch, not only this one
             torch.ops.torchops._unbatch_fail(index, f"Batched: the wrapped module failed on the batch: {e!r}",
-                                             self.container, self.unbatch_name)
+                                             self.container, self.unbatch_name, self.unbatch_timeout_micros)
             raise
 
     def forward(self, x: Tensor) -> Tensor:
@@ -69,10 +69,20 @@ class Batched(torch.nn.Module):
                 y = self.module(batched[0])
             else:
                 y = self._run_module_eager(batched[0], index)
+            if y.dim() == 0 or y.size(0) != batched[0].size(0):
+                # Not row-wise: splitting it would hand out wrong rows (or leave the others waiting).
+                msg = (f"Batched: the wrapped module must map [B, ...] -> [B, ...] row-wise, but returned shape "
+                       f"{y.shape} for a batch of {batched[0].size(0)} rows")
+                torch.ops.torchops._unbatch_fail(index, msg, self.container, self.unbatch_name,
+                                                 self.unbatch_timeout_micros)
+                raise ValueError(msg)
         elif torch.is_grad_enabled():
             # As TF: run the module on the empty batch, so that this call's output is part of the graph
             # (its backward must deposit its gradient for the holder, e.g. for parameter gradients).
             y = self.module(batched[0])
+            if y.dim() == 0 or y.size(0) != 0:
+                raise ValueError(f"Batched: the wrapped module must map [B, ...] -> [B, ...] row-wise, but returned "
+                                 f"shape {y.shape} for an empty batch")
         else:
             y = batched[0]  # placeholder: Unbatch delivers this call's rows of the holder's result
         return torch.ops.torchops.unbatch(y, index, id, self.unbatch_timeout_micros, self.container,
