@@ -87,6 +87,22 @@ def test_half_module_keeps_half_buffers():
     assert ours.running_mean.dtype == torch.float16 and ours.num_batches_tracked.item() == 1
 
 
+def test_double_module_with_float32_input_rounds_parameters_to_float32():
+    # (documented leniency: torch's module refuses this mix)
+    torch.manual_seed(0)
+    ours = torchops.nn.BatchNorm2d(3).double()
+    with torch.no_grad():
+        ours.weight.uniform_(0.5, 2.0)
+        ours.bias.uniform_(-1.0, 1.0)
+    ref = torchops.nn.BatchNorm2d(3)  # the same module in float32
+    ref.load_state_dict({k: v.float() if v.is_floating_point() else v for k, v in ours.state_dict().items()})
+    x = torch.randn(4, 3, 5, 5)
+    yo, yr = ours(x), ref(x)
+    assert yo.dtype == torch.float32 and ours.running_mean.dtype == torch.float64
+    torch.testing.assert_close(yo, yr, atol=0, rtol=0)
+    torch.testing.assert_close(ours.running_var.float(), ref.running_var, atol=0, rtol=0)
+
+
 def test_errors_like_torch():
     ours = torchops.nn.BatchNorm2d(3)
     with pytest.raises(ValueError, match="expected 4D input"):
