@@ -180,6 +180,27 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
   return res->run(my, std::move(pieces), timeout_micros);
 }
 
+// The inference fast path of nn.Batched / batch_function: Batch, and for a call that does not hold its
+// batch, its Unbatch from each of `unbatch_names` as well, in one op call instead of two (from Python
+// threads every op call is a GIL round trip, the main cost of a request there). `unbatched` is empty
+// for the holder (it runs the model and calls unbatch itself) and for 0-row inputs.
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>> batch_then_unbatch_kernel(
+    at::TensorList in_tensors, int64_t num_batch_threads, int64_t max_batch_size, int64_t batch_timeout_micros,
+    int64_t grad_timeout_micros, int64_t max_enqueued_batches, at::IntArrayRef allowed_batch_sizes,
+    c10::string_view container, c10::string_view shared_name, c10::string_view batching_queue,
+    const std::vector<std::string>& unbatch_names, int64_t unbatch_timeout_micros) {
+  auto [batched, index, id] = batch_kernel(in_tensors, num_batch_threads, max_batch_size, batch_timeout_micros,
+                                           grad_timeout_micros, max_enqueued_batches, allowed_batch_sizes, container,
+                                           shared_name, batching_queue);
+  std::vector<at::Tensor> unbatched;
+  if (index.dim() == 2 && index.size(0) == 0) {  // (a 0-row input gets a 1-D index: nothing to wait for)
+    unbatched.reserve(unbatch_names.size());
+    for (const auto& name : unbatch_names)
+      unbatched.push_back(unbatch_kernel(batched[0], index, id, unbatch_timeout_micros, container, name));
+  }
+  return {std::move(batched), std::move(index), std::move(id), std::move(unbatched)};
+}
+
 at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tensor& batch_index, const at::Tensor& grad,
                                const at::Tensor& id, c10::string_view container, c10::string_view shared_name,
                                int64_t timeout_micros) {
@@ -247,6 +268,12 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
   m.def(
       "unbatch_grad(Tensor original_input, Tensor batch_index, Tensor grad, Tensor id, str container=\"\", "
       "str shared_name=\"\", int timeout_micros=-1) -> Tensor batched_grad");
+  // nn.Batched / batch_function without autograd: batch + (non-holders) unbatch in one call.
+  m.def(
+      "_batch_then_unbatch(Tensor[] in_tensors, int num_batch_threads, int max_batch_size, int batch_timeout_micros, "
+      "int grad_timeout_micros, int max_enqueued_batches, int[] allowed_batch_sizes, str container, "
+      "str shared_name, str batching_queue, str[] unbatch_names, int unbatch_timeout_micros) -> "
+      "(Tensor[] batched_tensors, Tensor batch_index, Tensor id, Tensor[] unbatched)");
   // Helpers of the Python front (torchops.batching): statistics, listing, shutdown, error fan-out.
   m.def("_batching_stats(str container, str shared_name, str batching_queue) -> str",
         &torchops::batching::batching_stats);
@@ -264,4 +291,5 @@ TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) {
   m.impl("batch", &torchops::batching::batch_kernel);
   m.impl("unbatch", &torchops::batching::unbatch_kernel);
   m.impl("unbatch_grad", &torchops::batching::unbatch_grad_kernel);
+  m.impl("_batch_then_unbatch", &torchops::batching::batch_then_unbatch_kernel);
 }

@@ -713,6 +713,76 @@ def test_padding_with_a_module_8_and_2_callers():
         assert torch.allclose(r, mlp(x))
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("front", ["module", "script", "function"])
+def test_python_fronts_from_threads_with_and_without_grad(front, grad):
+    # Without grad the fronts take the one-call path (_batch_then_unbatch); with grad batch + unbatch.
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2).double()
+    calls = []
+
+    class Recording(torch.nn.Module):
+        def forward(self, x):
+            calls.append(x.shape[0])
+            return lin(x)
+
+    if front == "function":
+        call = batch_function(1, 8, 200_000)(lambda x: Recording()(x))
+    else:
+        call = torchops.nn.Batched(lin if front == "script" else Recording(), 1, 8, 200_000)
+        if front == "script":
+            call = torch.jit.script(call)
+    xs = [torch.randn(i % 3 + 1, 3, dtype=torch.float64) for i in range(16)]
+
+    def run(x):
+        with torch.set_grad_enabled(grad):
+            return call(x)
+
+    for _ in range(2):  # (batch_function learns its output structure in the first round)
+        calls.clear()
+        results, errors = run_threads([lambda x=x: run(x) for x in xs])
+        no_errors(errors)
+        for x, r in zip(xs, results):
+            torch.testing.assert_close(r, lin(x))
+            assert r.requires_grad == grad
+    if front != "script":
+        assert sum(calls) == sum(x.shape[0] for x in xs)
+        assert (0 in calls) == grad  # only with grad do non-holders run the model on their 0 rows
+
+
+def test_batch_then_unbatch_op():
+    name = uniq()
+    x1, x2 = torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0], [5.0, 6.0]])
+
+    def call(x):
+        def run():
+            b, idx, id_, rows = ops._batch_then_unbatch([x], 1, 3, 10 * S, 0, 10, [], "", name, "",
+                                                         [name + "/u0", name + "/u1"], 10 * S)
+            if idx.shape[0] == 0:
+                return "other", rows
+            assert rows == [] and b[0].shape == (3, 2)
+            ops.unbatch(b[0] * 2, idx, id_, 10 * S, shared_name=name + "/u0")
+            ops.unbatch(b[0] + 1, idx, id_, 10 * S, shared_name=name + "/u1")
+            return "holder", None
+        return run
+
+    results, errors = run_threads([call(x1), call(x2)], stagger=0.05)
+    no_errors(errors)
+    assert sorted(r[0] for r in results) == ["holder", "other"]
+    x, rows = (x1, results[0][1]) if results[0][0] == "other" else (x2, results[1][1])
+    assert len(rows) == 2 and torch.equal(rows[0], x * 2) and torch.equal(rows[1], x + 1)
+    # 0-row input: nothing enqueued, nothing to wait for
+    b, idx, id_, rows = ops._batch_then_unbatch([torch.empty(0, 2)], 1, 3, 10 * S, 0, 10, [], "", name, "",
+                                                 [name + "/u0"], 10 * S)
+    assert rows == [] and idx.shape == (0,)
+    with pytest.raises(RuntimeError, match="no-grad path"):
+        ops._batch_then_unbatch([torch.ones(1, 2, requires_grad=True)], 1, 3, 10 * S, 0, 10, [], "", name, "",
+                                [name + "/u0"], 10 * S)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode(), pytest.raises(RuntimeError, match="cannot be traced"):
+        ops._batch_then_unbatch([torch.ones(1, 2)], 1, 3, 10 * S, 0, 10, [], "", name, "", [name + "/u0"], 10 * S)
+
+
 def test_batched_module_parameter_gradients_from_threads():
     torch.manual_seed(0)
     mlp = _MLP().double()

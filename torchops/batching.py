@@ -83,9 +83,19 @@ def batch_function(num_batch_threads: int, max_batch_size: int, batch_timeout_mi
                     raise ValueError(f"batch_function({fn!r}): argument {i} must be a Tensor, got {type(a).__name__}")
             if args[0].dim() >= 1 and args[0].shape[0] == 0:
                 return fn(*args)
-            batched, index, id_ = torch.ops.torchops.batch(
-                list(args), num_batch_threads, max_batch_size, batch_timeout_micros, grad_timeout_micros,
-                max_enqueued_batches, allowed, container, name, "")
+            if "n" in structure and not torch.is_grad_enabled() and not torch.compiler.is_compiling():
+                # Inference, output structure known: a call that does not hold its batch gets its rows
+                # from this one op call (batch + unbatch; each op call is a GIL round trip).
+                batched, index, id_, rows = torch.ops.torchops._batch_then_unbatch(
+                    list(args), num_batch_threads, max_batch_size, batch_timeout_micros, grad_timeout_micros,
+                    max_enqueued_batches, allowed, container, name, "",
+                    [unbatch_name(k) for k in range(structure["n"])], unbatch_timeout_micros)
+                if rows:
+                    return rows[0] if structure["single"] else tuple(rows)
+            else:
+                batched, index, id_ = torch.ops.torchops.batch(
+                    list(args), num_batch_threads, max_batch_size, batch_timeout_micros, grad_timeout_micros,
+                    max_enqueued_batches, allowed, container, name, "")
             holder = index.shape[0] > 0
             if holder:
                 try:

@@ -197,6 +197,26 @@ at::Tensor unbatch_grad_autograd(const at::Tensor& original, const at::Tensor& i
   return call_unbatch_grad(original, index, grad, id, container, shared_name, timeout);
 }
 
+// No graph: the caller (nn.Batched / batch_function) uses it only with grad mode off.
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>> batch_then_unbatch_autograd(
+    at::TensorList in, int64_t nbt, int64_t mbs, int64_t btm, int64_t gtm, int64_t meb, at::IntArrayRef allowed,
+    c10::string_view container, c10::string_view shared_name, c10::string_view queue,
+    const std::vector<std::string>& unbatch_names, int64_t unbatch_timeout) {
+  for (const auto& t : in) {
+    TORCH_CHECK(!(at::GradMode::is_enabled() && t.requires_grad()),
+                "_batch_then_unbatch is the no-grad path of nn.Batched / batch_function and records no gradient; "
+                "with inputs that require grad use batch and unbatch");
+  }
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("torchops::_batch_then_unbatch", "")
+          .typed<std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>>(
+              at::TensorList, int64_t, int64_t, int64_t, int64_t, int64_t, at::IntArrayRef, c10::string_view,
+              c10::string_view, c10::string_view, const std::vector<std::string>&, int64_t)>();
+  at::AutoDispatchBelowADInplaceOrView guard;
+  return op.call(in, nbt, mbs, btm, gtm, meb, allowed, container, shared_name, queue, unbatch_names, unbatch_timeout);
+}
+
 }  // namespace
 }  // namespace batching
 }  // namespace torchops
@@ -205,4 +225,5 @@ TORCH_LIBRARY_IMPL(torchops, Autograd, m) {
   m.impl("batch", &torchops::batching::batch_autograd);
   m.impl("unbatch", &torchops::batching::unbatch_autograd);
   m.impl("unbatch_grad", &torchops::batching::unbatch_grad_autograd);
+  m.impl("_batch_then_unbatch", &torchops::batching::batch_then_unbatch_autograd);
 }

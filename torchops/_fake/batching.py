@@ -62,6 +62,16 @@ def _unbatch_grad(original_input, batch_index, grad, id, container="", shared_na
     return grad.new_empty((rows, *grad.shape[1:]))
 
 
+@torch.library.register_fake("torchops::_batch_then_unbatch")
+def _batch_then_unbatch(in_tensors, num_batch_threads, max_batch_size, batch_timeout_micros, grad_timeout_micros,
+                        max_enqueued_batches, allowed_batch_sizes, container, shared_name, batching_queue,
+                        unbatch_names, unbatch_timeout_micros):
+    # How many tensors it returns, and their trailing shape (the model's output), are known only at run
+    # time; nn.Batched / batch_function never call it while compiling (they use batch and unbatch).
+    raise RuntimeError("torchops::_batch_then_unbatch cannot be traced (its outputs depend on the other calls of the "
+                       "batch and on the model); use torchops::batch and torchops::unbatch under torch.compile")
+
+
 # The helper ops _batching_stats/_batching_list_queues/_batching_close_all/_unbatch_fail are
 # registered with catch-all (CompositeImplicitAutograd) kernels: they are Python-front plumbing with
 # no tensor outputs and are not meant to be traced.

@@ -60,10 +60,23 @@ class Batched(torch.nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         if x.size(0) == 0:
             return self.module(x)
-        batched, index, id = torch.ops.torchops.batch(
-            [x], self.num_batch_threads, self.max_batch_size, self.batch_timeout_micros, self.grad_timeout_micros,
-            self.max_enqueued_batches, self.allowed_batch_sizes, self.container, self.shared_name,
-            self.batching_queue)
+        fast = not torch.is_grad_enabled()
+        if not torch.jit.is_scripting():
+            fast = fast and not torch.compiler.is_compiling()
+        if fast:
+            # Inference: a call that does not hold its batch gets its rows from this one op call (batch +
+            # unbatch; from Python threads each op call costs a GIL round trip).
+            batched, index, id, rows = torch.ops.torchops._batch_then_unbatch(
+                [x], self.num_batch_threads, self.max_batch_size, self.batch_timeout_micros, self.grad_timeout_micros,
+                self.max_enqueued_batches, self.allowed_batch_sizes, self.container, self.shared_name,
+                self.batching_queue, [self.unbatch_name], self.unbatch_timeout_micros)
+            if len(rows) > 0:
+                return rows[0]
+        else:
+            batched, index, id = torch.ops.torchops.batch(
+                [x], self.num_batch_threads, self.max_batch_size, self.batch_timeout_micros, self.grad_timeout_micros,
+                self.max_enqueued_batches, self.allowed_batch_sizes, self.container, self.shared_name,
+                self.batching_queue)
         if index.size(0) > 0:  # this call holds the batch: run the module once for everyone
             if torch.jit.is_scripting():
                 y = self.module(batched[0])
@@ -84,6 +97,6 @@ class Batched(torch.nn.Module):
                 raise ValueError(f"Batched: the wrapped module must map [B, ...] -> [B, ...] row-wise, but returned "
                                  f"shape {y.shape} for an empty batch")
         else:
-            y = batched[0]  # placeholder: Unbatch delivers this call's rows of the holder's result
+            y = batched[0]  # (compiling) placeholder: Unbatch delivers this call's rows of the holder's result
         return torch.ops.torchops.unbatch(y, index, id, self.unbatch_timeout_micros, self.container,
                                           self.unbatch_name)
