@@ -73,11 +73,46 @@ at::Tensor copy_rows(const at::Tensor& t, int64_t offset, int64_t size) {
   return t.narrow(0, offset, size).clone();
 }
 
+// A batch this thread holds and has promised to unbatch (`_arm_unbatch_fail`, used by a scripted
+// nn.Batched, where TorchScript cannot catch the module's exception and hand it to the other calls).
+// If the thread makes any other batching call, or exits, before the holder's unbatch, the batch's calls
+// are failed with `message` instead of waiting for their unbatch timeout.
+struct AbandonedBatch {
+  std::shared_ptr<UnbatchResource> res;
+  std::vector<int64_t> keys;
+  std::string message;
+  void fire() {
+    if (!res) return;
+    auto r = std::move(res);
+    res.reset();
+    r->fail(keys, message);
+  }
+  ~AbandonedBatch() {
+    try {
+      fire();
+    } catch (...) {
+    }
+  }
+};
+thread_local AbandonedBatch t_abandoned;
+
+std::vector<int64_t> index_keys(const at::Tensor& batch_index) {
+  TORCH_CHECK_VALUE(batch_index.dim() == 2 && batch_index.size(1) == 3,
+                    "batch_index must have shape [K, 3], got ", batch_index.sizes());
+  const at::Tensor idx = batch_index.to(at::kCPU).to(at::kLong).contiguous();
+  const int64_t* p = idx.const_data_ptr<int64_t>();
+  std::vector<int64_t> keys;
+  keys.reserve(idx.size(0));
+  for (int64_t j = 0; j < idx.size(0); ++j) keys.push_back(p[3 * j]);
+  return keys;
+}
+
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
     at::TensorList in_tensors, int64_t num_batch_threads, int64_t max_batch_size, int64_t batch_timeout_micros,
     int64_t grad_timeout_micros, int64_t max_enqueued_batches, at::IntArrayRef allowed_batch_sizes,
     c10::string_view container, c10::string_view shared_name, c10::string_view batching_queue) {
   InFlight in_flight;
+  t_abandoned.fire();
   BatchOptions o;
   o.num_batch_threads = num_batch_threads;
   o.max_batch_size = max_batch_size;
@@ -168,6 +203,10 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
     }
   }
   auto res = get_or_create_unbatch(container, shared_name, timeout_micros);
+  if (t_abandoned.res == res && !pieces.empty())
+    t_abandoned.res.reset();  // the holder delivers its batch: nothing to fail
+  else
+    t_abandoned.fire();
   if (pieces.empty()) {
     on_batching_call(nullptr);  // release before blocking
     return res->run(my, std::move(pieces), timeout_micros);
@@ -215,6 +254,7 @@ at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tenso
   const at::Tensor idx = cpu_contiguous(batch_index);
   if (idx.dim() == 2 && idx.size(1) == 3) check_unique_ids(idx.const_data_ptr<int64_t>(), idx.size(0), "UnbatchGrad");
   const int64_t my = scalar_id(id);
+  t_abandoned.fire();
   on_batching_call(nullptr);
   auto res = get_or_create_unbatch_grad(container, shared_name);
   return res->run(original_input, idx, grad, my, timeout_micros);
@@ -240,17 +280,21 @@ void unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::
   struct Release {  // then release the calls this thread holds back (deferred release): they see the failure
     ~Release() { on_batching_call(nullptr); }
   } release;
+  t_abandoned.res.reset();  // this failure replaces an armed one
   if (batch_index.numel() == 0) return;
-  TORCH_CHECK_VALUE(batch_index.dim() == 2 && batch_index.size(1) == 3,
-                    "_unbatch_fail: batch_index must have shape [K, 3], got ", batch_index.sizes());
+  const auto keys = index_keys(batch_index);
   auto res = timeout_micros >= 0 ? get_or_create_unbatch(container, shared_name, timeout_micros)
                                  : find_unbatch(container, shared_name);
-  if (!res) return;
-  const at::Tensor idx = batch_index.to(at::kCPU).to(at::kLong).contiguous();
-  const int64_t* p = idx.data_ptr<int64_t>();
-  std::vector<int64_t> keys;
-  for (int64_t j = 0; j < idx.size(0); ++j) keys.push_back(p[3 * j]);
-  res->fail(keys, std::string(message));
+  if (res) res->fail(keys, std::string(message));
+}
+
+void arm_unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::string_view container,
+                      c10::string_view shared_name, int64_t timeout_micros) {
+  t_abandoned.fire();  // (an earlier armed batch that was never unbatched)
+  if (batch_index.numel() == 0) return;
+  t_abandoned.keys = index_keys(batch_index);
+  t_abandoned.message = std::string(message);
+  t_abandoned.res = get_or_create_unbatch(container, shared_name, timeout_micros);
 }
 
 }  // namespace
@@ -285,6 +329,10 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
                       "int timeout_micros=-1) -> ()",
                       c10::AliasAnalysisKind::CONSERVATIVE),
         &torchops::batching::unbatch_fail);
+  m.def(torch::schema("_arm_unbatch_fail(Tensor batch_index, str message, str container, str shared_name, "
+                      "int timeout_micros) -> ()",
+                      c10::AliasAnalysisKind::CONSERVATIVE),
+        &torchops::batching::arm_unbatch_fail);
 }
 
 TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) {

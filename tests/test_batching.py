@@ -750,6 +750,51 @@ def test_python_fronts_from_threads_with_and_without_grad(front, grad):
         assert (0 in calls) == grad  # only with grad do non-holders run the model on their 0 rows
 
 
+class _RaisesOnLargeInput(torch.nn.Module):
+    def forward(self, x):
+        if bool(x.abs().max() > 100):
+            raise RuntimeError("bad input")
+        return x * 2
+
+
+@pytest.mark.parametrize("holder_then", ["exits", "calls_again"])
+def test_scripted_module_exception_reaches_the_other_calls(holder_then):
+    # TorchScript cannot catch the module's exception: the holder's thread fails the others at its next
+    # batching call or when it exits, long before their unbatch timeout (30 s here).
+    model = torch.jit.script(torchops.nn.Batched(_RaisesOnLargeInput(), 1, 2, 500_000,
+                                                 unbatch_timeout_micros=30 * S))
+    holder_done = threading.Event()
+    other_waiting_after_raise = []
+
+    def other():
+        with torch.no_grad():
+            return model(torch.ones(1, 3))
+
+    def holder():
+        try:
+            with torch.no_grad():
+                model(torch.full((1, 3), 1000.0))
+        except Exception as e:  # noqa: BLE001
+            assert "bad input" in str(e)
+        else:
+            raise AssertionError("the holder's call should raise")
+        if holder_then == "calls_again":
+            time.sleep(0.3)
+            other_waiting_after_raise.append(threads_alive())
+            with torch.no_grad():
+                assert torch.equal(model(torch.ones(1, 3)), torch.full((1, 3), 2.0))  # ships alone
+        holder_done.set()
+
+    threads_alive = lambda: torch.ops.torchops._batching_in_flight() > 0  # noqa: E731
+    t0 = time.monotonic()
+    results, errors = run_threads([other, holder], stagger=0.05)
+    assert errors[1] is None, errors[1]
+    assert isinstance(errors[0], RuntimeError) and "did not deliver the result" in str(errors[0]), errors[0]
+    assert time.monotonic() - t0 < 10
+    if holder_then == "calls_again":
+        assert other_waiting_after_raise == [True]  # it waited until the holder's next call
+
+
 def test_batch_then_unbatch_op():
     name = uniq()
     x1, x2 = torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0], [5.0, 6.0]])

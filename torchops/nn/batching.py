@@ -79,6 +79,12 @@ class Batched(torch.nn.Module):
                 self.batching_queue)
         if index.size(0) > 0:  # this call holds the batch: run the module once for everyone
             if torch.jit.is_scripting():
+                # TorchScript cannot catch the module's exception and hand it on: if this call does not
+                # unbatch the batch, its thread's next batching call (or exit) fails the other calls.
+                torch.ops.torchops._arm_unbatch_fail(
+                    index, "Batched: the call holding this batch did not deliver the result: the wrapped module "
+                    "raised an exception on the batch (in TorchScript only the holding call receives it)",
+                    self.container, self.unbatch_name, self.unbatch_timeout_micros)
                 y = self.module(batched[0])
             else:
                 y = self._run_module_eager(batched[0], index)
