@@ -853,9 +853,10 @@ def test_batched_module_parameter_gradients_from_threads():
         assert torch.allclose(p.grad, q.grad)
 
 
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
 @pytest.mark.parametrize("front", ["module", "script", "function"])
 @pytest.mark.parametrize("wrong", ["fewer_rows", "more_rows", "scalar"])
-def test_output_that_is_not_row_wise_fails_every_call(front, wrong):
+def test_output_that_is_not_row_wise_fails_every_call(front, wrong, grad):
     def f(x):
         if wrong == "fewer_rows":
             return x.sum(0, keepdim=True)
@@ -881,12 +882,44 @@ def test_output_that_is_not_row_wise_fails_every_call(front, wrong):
         call = torchops.nn.Batched(M(wrong), 1, 2, 10 * S)
         if front == "script":
             call = torch.jit.script(call)
+    def run():
+        with torch.set_grad_enabled(grad):  # (grad mode is per thread)
+            return call(torch.ones(1, 3))
+
     t0 = time.monotonic()
-    with torch.no_grad():
-        _, errors = run_threads([lambda: call(torch.ones(1, 3)), lambda: call(torch.ones(1, 3))])
+    _, errors = run_threads([run, run])
     assert time.monotonic() - t0 < 10  # nobody waits for the unbatch timeout
     for e in errors:
         assert e is not None and "row" in str(e), e
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("front", ["module", "function"])
+def test_eager_model_exception_reaches_every_call(front, grad):
+    def f(x):
+        if bool(x.abs().sum() > 100):  # (non-holders with grad run it on 0 rows)
+            raise RuntimeError("bad input")
+        return x * 2
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return f(x)
+
+    call = batch_function(1, 2, 10 * S)(f) if front == "function" else torchops.nn.Batched(M(), 1, 2, 10 * S)
+
+    def run(v):
+        def go():
+            with torch.set_grad_enabled(grad):
+                return call(torch.full((1, 3), v))
+        return go
+
+    results, errors = run_threads([run(1.0), run(2.0)])  # (batch_function learns its output structure)
+    no_errors(errors)
+    assert torch.equal(results[0], torch.full((1, 3), 2.0)) and torch.equal(results[1], torch.full((1, 3), 4.0))
+    t0 = time.monotonic()
+    _, errors = run_threads([run(1.0), run(1000.0)])
+    assert all(e is not None and "bad input" in str(e) for e in errors), errors
+    assert time.monotonic() - t0 < 5  # nobody waited for the unbatch timeout
 
 
 def test_timeout_zero_ships_at_once_and_ids_unique():
