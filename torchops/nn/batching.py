@@ -17,7 +17,9 @@ class Batched(torch.nn.Module):
     the batch holder's backward waits for the others' gradients. With grad enabled, calls that do not
     hold the batch run `module` on their 0-row batch (as TF does) so that their output joins the graph.
     Calls whose input has 0 rows run `module` directly. Each instance has its own queue unless
-    `shared_name` is given.
+    `shared_name` is given. An exception in `module`, or an output that is not row-wise, fails every
+    call of the batch (scripted: see docs/batching.md). With grad off, a call that does not hold its
+    batch makes a single op call (`_batch_then_unbatch`).
     """
 
     allowed_batch_sizes: List[int]
