@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# One command: set up .venv, build torchops, run the end-to-end demo and the benchmark.
+# One command: set up .venv, build torchops, run the end-to-end main job (python -m torchops.demo: train
+# with synchronous replicas, export, reload, serve), then the quick benchmark of every op family.
+# Arguments go to the demo (e.g. `bash scripts/demo.sh --rnn lstm --processes`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 source "$ROOT/scripts/setup_env.sh" "$ROOT/requirements-demo.txt"
 cd "$ROOT"
-"$PY" examples/demo.py
-"$PY" -m torchops.bench --quick "$@"
+echo "== python -m torchops.demo $*"
+"$PY" -m torchops.demo "$@"
+echo "== python -m torchops.bench --quick"
+"$PY" -m torchops.bench --quick

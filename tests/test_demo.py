@@ -1,0 +1,124 @@
+"""The end-to-end demo (`python -m torchops.demo`), shortened: a few global steps, no accuracy target,
+in thread and process mode, so CI covers the wiring (training through SyncReplicasOptimizer, TorchScript
+export + reload in a fresh process, Batched serving, summary). Its pieces are tested directly too."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("sklearn", reason="the demo's dataset ships with scikit-learn (requirements-demo.txt)")
+
+import torchops  # noqa: E402
+from torchops.demo import data, model as demo_model  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_demo(tmp_path, *args, timeout=240):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    return subprocess.run([sys.executable, "-m", "torchops.demo", "--out", str(tmp_path), *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.timeout(60)
+def test_digits_split_is_fixed_and_disjoint():
+    (xa, ya), (ta, tya) = data.load_digits(seed=0)
+    (xb, yb), (tb, tyb) = data.load_digits(seed=0)
+    assert torch.equal(xa, xb) and torch.equal(ta, tb) and torch.equal(ya, yb)
+    assert len(ya) + len(tya) == 1797 and len(tya) == 359
+    assert xa.shape[1:] == (1, 8, 8) and 0.0 <= xa.min() and xa.max() <= 1.0
+    # no test image is also a training image (the digits set has no exact duplicates across a random split)
+    train_rows = {tuple(r.tolist()) for r in xa.flatten(1)}
+    assert sum(tuple(r.tolist()) in train_rows for r in ta.flatten(1)) == 0
+    (xc, _), _ = data.load_digits(seed=1)
+    assert not torch.equal(xa, xc)
+    shards = data.shards((xa, ya), 3)
+    assert sum(len(s[1]) for s in shards) == len(ya)
+    assert max(len(s[1]) for s in shards) - min(len(s[1]) for s in shards) <= 1
+    assert torch.equal(torch.cat([s[1] for s in shards]).sort()[0], ya.sort()[0])
+    assert torch.equal(torch.cat([s[0] for s in shards]).sum(0), xa.sum(0))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("rnn", demo_model.RNN_KINDS)
+def test_model_is_rowwise_scriptable_and_channels_last(rnn):
+    if rnn != "block-lstm" and not hasattr(torchops.nn, "CudnnGRU"):
+        with pytest.raises(RuntimeError, match="CudnnGRU|CudnnLSTM"):
+            demo_model.build_model(rnn)
+        return
+    m = demo_model.build_model(rnn)
+    assert any(isinstance(x, torchops.nn.BatchNorm2d) for x in m.modules())
+    assert m.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    x = torch.rand(6, 1, 8, 8)
+    m.train()
+    torch.nn.functional.cross_entropy(m(x), torch.arange(6)).backward()
+    assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in m.parameters())
+    m.eval()
+    with torch.no_grad():
+        whole = m(x)
+        rows = torch.cat([m(x[i:i + 1]) for i in range(6)])
+        scripted = torch.jit.script(m)(x)
+    assert whole.shape == (6, 10)
+    torch.testing.assert_close(rows, whole, atol=1e-5, rtol=1e-5)  # row-wise: Batched may serve it
+    torch.testing.assert_close(scripted, whole, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.timeout(60)
+def test_recalibrate_batchnorm_sets_exact_statistics():
+    m = demo_model.build_model("block-lstm")
+    x = torch.rand(40, 1, 8, 8)
+    m.eval()
+    demo_model.recalibrate_batchnorm(m, x, batch_size=len(x))
+    bn = m.features[1]
+    with torch.no_grad():
+        f = m.features[0](x.contiguous(memory_format=torch.channels_last))
+    torch.testing.assert_close(bn.running_mean, f.mean((0, 2, 3)), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(bn.running_var, f.var((0, 2, 3)), atol=1e-5, rtol=1e-4)
+    assert bn.momentum == 0.1 and not m.training and not bn.training  # settings and mode restored
+
+
+def _check_ok(proc, tmp_path, rnn):
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout
+    assert "torchops demo: OK" in out
+    assert "reloaded in a fresh process" in out and "batch sizes" in out
+    assert os.path.exists(tmp_path / f"digits_{rnn}.pt") and os.path.exists(tmp_path / "summary.txt")
+    return out
+
+
+@pytest.mark.timeout(300)
+def test_demo_threads_short_run(tmp_path):
+    proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--steps", "4", "--target", "0")
+    out = _check_ok(proc, tmp_path, "block-lstm")
+    assert "3 threads" in out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not hasattr(torchops, "optim"), reason="torchops.optim (SyncReplicas) is not merged yet")
+def test_demo_processes_short_run(tmp_path):
+    proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--processes", "--steps", "4", "--target", "0")
+    out = _check_ok(proc, tmp_path, "block-lstm")
+    assert "3 processes" in out
+
+
+@pytest.mark.timeout(300)
+def test_demo_fails_loudly_when_the_target_is_not_reached(tmp_path):
+    proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "2", "--steps", "1", "--target", "1.0")
+    assert proc.returncode != 0
+    assert "demo FAILED: test accuracy" in proc.stderr
+    assert "torchops demo: OK" not in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_demo_rejects_bad_arguments():
+    from torchops.demo.__main__ import parse_args
+
+    for args in (["--workers", "0"], ["--target", "2"], ["--rnn", "rnn"], ["--steps", "0"], ["--processes", "--workers", "1"]):
+        with pytest.raises(SystemExit) as e:
+            parse_args(args)
+        assert e.value.code == 2, args
+    a = parse_args([])
+    assert (a.rnn, a.workers, a.processes, a.device, a.target) == ("gru", 4, False, "cpu", 0.95)

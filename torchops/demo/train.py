@@ -1,0 +1,149 @@
+"""Training: K replicas computing gradients on their own shards, synchronised by
+torchops.optim.SyncReplicasOptimizer (ConditionalAccumulator underneath) with
+replicas_to_aggregate = K - 1, until the test accuracy reaches the target."""
+import copy
+import functools
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, List, Optional
+
+import torch
+from torch import nn
+
+from .data import shards
+from .model import accuracy, build_model, predict, recalibrate_batchnorm
+
+
+@dataclass
+class TrainConfig:
+    rnn: str = "gru"
+    workers: int = 4
+    processes: bool = False
+    device: str = "cpu"
+    batch_size: int = 32
+    lr: float = 3e-3
+    max_epochs: int = 12
+    target: float = 0.95
+    max_steps: Optional[int] = None  # cap on global steps (tests); None: max_epochs decide
+    seed: int = 0
+
+    @property
+    def replicas_to_aggregate(self) -> int:
+        return max(1, self.workers - 1)
+
+
+@dataclass
+class TrainResult:
+    model: nn.Module
+    history: List[dict] = field(default_factory=list)  # per evaluation: epoch, step, loss, test_acc, seconds
+    global_steps: int = 0
+    stale: int = 0
+    seconds: float = 0.0
+    mode: str = ""
+
+    @property
+    def test_acc(self) -> float:
+        return self.history[-1]["test_acc"] if self.history else float("nan")
+
+
+def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(model(x), y)
+
+
+def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params, lr=lr)
+
+
+def evaluate(model: nn.Module, train_set, test_set) -> float:
+    """Test accuracy of a copy of `model` whose batch-norm statistics are set from the training set."""
+    m = copy.deepcopy(model)
+    recalibrate_batchnorm(m, train_set[0].to(next(m.parameters()).device), batch_size=len(train_set[0]))
+    return accuracy(predict(m, test_set[0].to(next(m.parameters()).device)), test_set[1])
+
+
+class Progress:
+    """tqdm when it is installed and stderr is a terminal; otherwise one line per epoch."""
+
+    def __init__(self, total_steps: int, quiet: bool = False):
+        self.bar = None
+        self.quiet = quiet
+        if not quiet and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total_steps, unit="step", desc="training", leave=False)
+            except ImportError:
+                pass
+
+    def step(self, n: int = 1, loss: Optional[float] = None) -> None:
+        if self.bar is not None:
+            self.bar.update(n)
+            if loss is not None:
+                self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+
+    def epoch(self, rec: dict) -> None:
+        line = (f"epoch {rec['epoch']:3d}  global step {rec['step']:5d}  loss {rec['loss']:.4f}  "
+                f"test accuracy {rec['test_acc']:.4f}  ({rec['seconds']:.1f} s)")
+        if self.bar is not None:
+            self.bar.write(line)
+        elif not self.quiet:
+            print(line, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def steps_per_epoch(n_train: int, cfg: TrainConfig) -> int:
+    """Global steps for one pass over the training set: each step averages replicas_to_aggregate batches."""
+    return max(1, math.ceil(n_train / (cfg.batch_size * cfg.replicas_to_aggregate)))
+
+
+def train(cfg: TrainConfig, train_set, test_set, quiet: bool = False) -> TrainResult:
+    per_epoch = steps_per_epoch(len(train_set[1]), cfg)
+    total = cfg.max_steps if cfg.max_steps is not None else per_epoch * cfg.max_epochs
+    if cfg.processes:
+        raise RuntimeError("--processes needs torchops.optim.train_sync_replicas, which this torchops does not "
+                           "have yet (the ConditionalAccumulator family is not merged)")
+    progress = Progress(total, quiet)
+    try:
+        return _train_sequential(cfg, train_set, test_set, per_epoch, total, progress)
+    finally:
+        progress.close()
+
+
+def _train_sequential(cfg, train_set, test_set, per_epoch, total, progress) -> TrainResult:
+    """Development stand-in: one replica, plain optimizer."""
+    model = build_model(cfg.rnn, cfg.seed, cfg.device)
+    opt = make_optimizer(model.parameters(), cfg.lr)
+    x, y = train_set[0].to(cfg.device), train_set[1].to(cfg.device)
+    g = torch.Generator().manual_seed(cfg.seed + 1)
+    res = TrainResult(model=model, mode="one replica (stand-in until SyncReplicas is merged)")
+    t0 = time.perf_counter()
+    step, losses = 0, []
+    while step < total:
+        perm = torch.randperm(len(y), generator=g)
+        for i in range(0, len(y), cfg.batch_size):
+            model.train()
+            idx = perm[i:i + cfg.batch_size].to(cfg.device)
+            loss = loss_fn(model, x[idx], y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+            step += 1
+            progress.step(1, losses[-1])
+            if step % per_epoch == 0 or step == total:
+                rec = dict(epoch=math.ceil(step / per_epoch), step=step, loss=sum(losses) / len(losses),
+                           test_acc=evaluate(model, train_set, test_set), seconds=time.perf_counter() - t0)
+                losses = []
+                res.history.append(rec)
+                progress.epoch(rec)
+                if rec["test_acc"] >= cfg.target or step == total:
+                    break
+        if res.history and (res.history[-1]["test_acc"] >= cfg.target):
+            break
+    res.global_steps, res.seconds = step, time.perf_counter() - t0
+    recalibrate_batchnorm(model, x, batch_size=len(x))
+    return res
