@@ -24,9 +24,9 @@ def plot(path: str, history, unbatched, batched, title: str) -> Optional[str]:
         return "matplotlib is not installed (pip install matplotlib): no PNG written"
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
     steps = [r["step"] for r in history]
-    a.plot(steps, [r["loss"] for r in history], "o-", color="tab:blue", label="training loss")
+    a.plot(steps, [r["loss"] for r in history], "o-", color="tab:blue", label="training-set loss")
     a.set_xlabel("global step")
-    a.set_ylabel("training loss (epoch mean)", color="tab:blue")
+    a.set_ylabel("training-set loss", color="tab:blue")
     a2 = a.twinx()
     a2.plot(steps, [100 * r["test_acc"] for r in history], "s-", color="tab:green", label="test accuracy")
     a2.axhline(95, color="tab:green", ls=":", lw=1)

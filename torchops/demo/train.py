@@ -7,7 +7,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -48,19 +48,26 @@ class TrainResult:
         return self.history[-1]["test_acc"] if self.history else float("nan")
 
 
-def loss_fn(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(model(x), y)
+def loss_fn(model: nn.Module, batch) -> torch.Tensor:
+    """Cross entropy of one (images, labels) batch, moved to the model's device (batches stay on the CPU so
+    that they pickle to worker processes)."""
+    x, y = batch
+    dev = next(model.parameters()).device
+    return nn.functional.cross_entropy(model(x.to(dev)), y.to(dev))
 
 
 def make_optimizer(params, lr: float) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=lr)
 
 
-def evaluate(model: nn.Module, train_set, test_set) -> float:
-    """Test accuracy of a copy of `model` whose batch-norm statistics are set from the training set."""
+def evaluate(model: nn.Module, train_set, test_set) -> Tuple[float, float]:
+    """(training-set loss, test accuracy) of a copy of `model` whose batch-norm statistics are set from the
+    training set, in eval mode."""
     m = copy.deepcopy(model)
-    recalibrate_batchnorm(m, train_set[0].to(next(m.parameters()).device), batch_size=len(train_set[0]))
-    return accuracy(predict(m, test_set[0].to(next(m.parameters()).device)), test_set[1])
+    dev = next(m.parameters()).device
+    recalibrate_batchnorm(m, train_set[0].to(dev), batch_size=len(train_set[0]))
+    loss = nn.functional.cross_entropy(predict(m, train_set[0].to(dev)), train_set[1].to(dev)).item()
+    return loss, accuracy(predict(m, test_set[0].to(dev)), test_set[1])
 
 
 class Progress:
@@ -83,7 +90,7 @@ class Progress:
                 self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
     def epoch(self, rec: dict) -> None:
-        line = (f"epoch {rec['epoch']:3d}  global step {rec['step']:5d}  loss {rec['loss']:.4f}  "
+        line = (f"epoch {rec['epoch']:3d}  global step {rec['step']:5d}  train loss {rec['loss']:.4f}  "
                 f"test accuracy {rec['test_acc']:.4f}  ({rec['seconds']:.1f} s)")
         if self.bar is not None:
             self.bar.write(line)
@@ -100,17 +107,78 @@ def steps_per_epoch(n_train: int, cfg: TrainConfig) -> int:
     return max(1, math.ceil(n_train / (cfg.batch_size * cfg.replicas_to_aggregate)))
 
 
+def worker_batches(train_set, cfg: TrainConfig, num_steps: int) -> List[List[Tuple[torch.Tensor, torch.Tensor]]]:
+    """Per worker: its shard cut into shuffled batches, reshuffled every pass, enough for `num_steps` global
+    steps (worker w uses batch s % len at global step s, so a run does not depend on thread timing)."""
+    out = []
+    for w, (x, y) in enumerate(shards(train_set, cfg.workers)):
+        g = torch.Generator().manual_seed(cfg.seed * 1000 + w + 1)
+        batches: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        while len(batches) < num_steps:
+            perm = torch.randperm(len(y), generator=g)
+            batches += [(x[perm[i:i + cfg.batch_size]], y[perm[i:i + cfg.batch_size]])
+                        for i in range(0, len(y), cfg.batch_size)]
+        out.append(batches[:max(1, num_steps)])
+    return out
+
+
+class _TargetReached(Exception):
+    """Raised from the chief's on_step callback to end training early (the driver stops every worker)."""
+
+
 def train(cfg: TrainConfig, train_set, test_set, quiet: bool = False) -> TrainResult:
     per_epoch = steps_per_epoch(len(train_set[1]), cfg)
     total = cfg.max_steps if cfg.max_steps is not None else per_epoch * cfg.max_epochs
-    if cfg.processes:
-        raise RuntimeError("--processes needs torchops.optim.train_sync_replicas, which this torchops does not "
-                           "have yet (the ConditionalAccumulator family is not merged)")
+    try:
+        from torchops.optim import train_sync_replicas
+    except ImportError:
+        train_sync_replicas = None
+    if train_sync_replicas is None:
+        if cfg.processes:
+            raise RuntimeError("--processes needs torchops.optim.train_sync_replicas, which this torchops does not "
+                               "have (the ConditionalAccumulator family is not merged)")
+        print("WARNING: torchops.optim (SyncReplicasOptimizer) is missing from this torchops: training one replica "
+              "with a plain optimizer instead", file=sys.stderr, flush=True)
     progress = Progress(total, quiet)
     try:
-        return _train_sequential(cfg, train_set, test_set, per_epoch, total, progress)
+        if train_sync_replicas is None:
+            return _train_sequential(cfg, train_set, test_set, per_epoch, total, progress)
+        return _train_sync_replicas(train_sync_replicas, cfg, train_set, test_set, per_epoch, total, progress)
     finally:
         progress.close()
+
+
+def _train_sync_replicas(driver, cfg, train_set, test_set, per_epoch, total, progress) -> TrainResult:
+    mode = "processes" if cfg.processes else "threads"
+    res = TrainResult(model=None, mode=f"SyncReplicasOptimizer, {cfg.workers} worker {mode}, "  # type: ignore[arg-type]
+                                        f"replicas_to_aggregate={cfg.replicas_to_aggregate}")
+    t0 = time.perf_counter()
+
+    def on_step(step: int, info: dict) -> None:
+        res.model, res.global_steps, res.stale = info["model"], step, info["stale_gradients"]
+        progress.step(1)
+        if step % per_epoch == 0 or step == total:
+            loss, acc = evaluate(info["model"], train_set, test_set)
+            rec = dict(epoch=math.ceil(step / per_epoch), step=step, loss=loss, test_acc=acc,
+                       seconds=time.perf_counter() - t0)
+            res.history.append(rec)
+            progress.epoch(rec)
+            if acc >= cfg.target and step < total:
+                raise _TargetReached()
+
+    try:
+        out = driver(functools.partial(build_model, cfg.rnn, cfg.seed, cfg.device),
+                     functools.partial(make_optimizer, lr=cfg.lr), loss_fn, worker_batches(train_set, cfg, total),
+                     num_workers=cfg.workers, replicas_to_aggregate=cfg.replicas_to_aggregate, num_steps=total,
+                     mode=mode, on_step=on_step, timeout=120.0)
+        res.model, res.global_steps, res.stale = out.model, out.global_steps, out.stale_gradients
+    except _TargetReached:
+        pass
+    res.seconds = time.perf_counter() - t0
+    # The replicas' batch-norm running statistics stay with them (only gradients are aggregated): set the
+    # trained model's from the whole training set.
+    recalibrate_batchnorm(res.model, train_set[0].to(cfg.device), batch_size=len(train_set[1]))
+    return res
 
 
 def _train_sequential(cfg, train_set, test_set, per_epoch, total, progress) -> TrainResult:
@@ -127,7 +195,7 @@ def _train_sequential(cfg, train_set, test_set, per_epoch, total, progress) -> T
         for i in range(0, len(y), cfg.batch_size):
             model.train()
             idx = perm[i:i + cfg.batch_size].to(cfg.device)
-            loss = loss_fn(model, x[idx], y[idx])
+            loss = loss_fn(model, (x[idx], y[idx]))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -135,8 +203,9 @@ def _train_sequential(cfg, train_set, test_set, per_epoch, total, progress) -> T
             step += 1
             progress.step(1, losses[-1])
             if step % per_epoch == 0 or step == total:
-                rec = dict(epoch=math.ceil(step / per_epoch), step=step, loss=sum(losses) / len(losses),
-                           test_acc=evaluate(model, train_set, test_set), seconds=time.perf_counter() - t0)
+                loss, acc = evaluate(model, train_set, test_set)
+                rec = dict(epoch=math.ceil(step / per_epoch), step=step, loss=loss, test_acc=acc,
+                           seconds=time.perf_counter() - t0)
                 losses = []
                 res.history.append(rec)
                 progress.epoch(rec)
