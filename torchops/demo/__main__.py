@@ -53,6 +53,9 @@ def parse_args(argv=None):
     return a
 
 
+HEAD_MODULES = {"gru": "torchops.nn.CudnnGRU", "lstm": "torchops.nn.CudnnLSTM", "block-lstm": "torchops.nn.BlockLSTM"}
+
+
 def fail(msg: str) -> None:
     print(f"demo FAILED: {msg}", file=sys.stderr, flush=True)
     raise SystemExit(1)
@@ -127,7 +130,7 @@ def main(argv=None) -> int:
     hist = " ".join(f"{k}:{v}" for k, v in bat.histogram.items())
     rows = [
         ("data", f"sklearn digits, {len(train_set[1])} train / {len(test_set[1])} test, seed {args.seed}"),
-        ("model", f"conv + torchops.nn.BatchNorm2d (channels-last) + {args.rnn} head, "
+        ("model", f"conv + torchops.nn.BatchNorm2d (channels-last) + {HEAD_MODULES[args.rnn]} head, "
                   f"{sum(p.numel() for p in model.parameters())} parameters"),
         ("training", f"{res.mode}, {res.global_steps} global steps, {res.seconds:.1f} s"),
         ("stale gradients dropped", str(res.stale)),
