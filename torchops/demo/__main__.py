@@ -110,7 +110,7 @@ def main(argv=None) -> int:
     # 5. serving
     unb, bat = serve.serve(path, test_set, args.device, clients=args.clients)
     for r in (unb, bat):
-        print(f"serving {r.name:20s}: {len(r.latencies_us)} requests from {args.clients} threads in {r.seconds:.2f} s, "
+        print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {args.clients} threads in {r.seconds:.2f} s, "
               f"{r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 {r.percentile(99):.0f} us, "
               f"accuracy {r.accuracy:.4f}", flush=True)
     print(f"batching statistics: {bat.batches} batches, batch sizes {bat.histogram}, queue wait p50 "
