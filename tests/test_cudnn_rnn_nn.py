@@ -829,3 +829,30 @@ def test_tf_checkpoint_format(mode, D):
     bad[names[0]] = ckpt[names[0]].T
     with pytest.raises(ValueError, match=r"TF checkpoint tensor '.*' must have shape"):
         m.load_tf_checkpoint_weights(bad, scope="model/cudnn_" + mode)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the layout here agrees with the ops' (params_size, params_to_canonical_v2, canonical_to_params_v2)
+# ---------------------------------------------------------------------------------------------------------
+
+@needs_op
+@pytest.mark.parametrize("mode", list(CLASSES))
+@pytest.mark.parametrize("input_mode", ["linear_input", "skip_input"])
+def test_layout_agrees_with_the_ops(mode, input_mode):
+    torch.manual_seed(21)
+    ops = torch.ops.torchops
+    for direction in DIRS.values():
+        P = 2 if mode == "lstm" and input_mode == "linear_input" else 0
+        kw = {"num_proj": P} if mode == "lstm" else {}
+        m = CLASSES[mode](3, 5, 5, direction=direction, input_mode=input_mode, dtype=F64, **kw)
+        nn.init.normal_(m.params)
+        m.flatten_parameters()  # torch.nn.LSTM compatibility no-op
+        attrs = dict(rnn_mode=mode, input_mode=input_mode, direction=direction, num_proj=P)
+        assert int(ops.cudnn_rnn_params_size(3, 5, 5, **attrs)[0]) == m.params_size
+        w, b = m.canonical_weights()
+        w_op, b_op = ops.cudnn_rnn_params_to_canonical_v2(3, 5, 5, m.params.detach(), len(w), len(b), **attrs)
+        assert len(w_op) == len(w) and len(b_op) == len(b)
+        for x, y in zip(w + b, list(w_op) + list(b_op)):
+            assert x.shape == y.shape and torch.equal(x, y)
+        assert torch.equal(ops.cudnn_rnn_canonical_to_params_v2(3, 5, 5, [t.detach() for t in w],
+                                                                [t.detach() for t in b], **attrs), m.params.detach())

@@ -186,6 +186,9 @@ class _CudnnRNN(nn.Module):
         for b in biases:
             b.zero_()
 
+    def flatten_parameters(self) -> None:
+        """No-op, for code written for torch.nn.LSTM: `params` already is one flat buffer."""
+
     def extra_repr(self) -> str:
         s = f"num_layers={self.num_layers}, num_units={self.num_units}, input_size={self.input_size}"
         if self.direction != "unidirectional":
