@@ -23,8 +23,6 @@ TORCH = {"lstm": lambda *a, **k: nn.LSTM(*a, **k), "gru": lambda *a, **k: nn.GRU
          "rnn_tanh": lambda *a, **k: nn.RNN(*a, nonlinearity="tanh", **k),
          "rnn_relu": lambda *a, **k: nn.RNN(*a, nonlinearity="relu", **k)}
 DIRS = {1: "unidirectional", 2: "bidirectional"}
-# TEMPORARY until the cudnn_rnn ops (branch cudnn-rnn) are merged; removed with that merge.
-needs_op = pytest.mark.skipif(not hasattr(torch.ops.torchops, "cudnn_rnn_v3"), reason="cudnn_rnn_v3 not built yet")
 
 
 def close(a, b, tol=1e-10):
@@ -335,7 +333,6 @@ def _cases():
                     yield mode, L, D, P
 
 
-@needs_op
 @pytest.mark.parametrize("mode,L,D,P", list(_cases()))
 @pytest.mark.parametrize("batch_first", [False, True])
 def test_matches_torch_forward_and_gradients(mode, L, D, P, batch_first):
@@ -374,7 +371,6 @@ def test_matches_torch_forward_and_gradients(mode, L, D, P, batch_first):
           if mode.startswith("rnn") else grads_as_params(CLASSES[mode], ref, **kw))
 
 
-@needs_op
 @pytest.mark.parametrize("mode", list(CLASSES))
 @pytest.mark.parametrize("D", [1, 2])
 @pytest.mark.parametrize("batch_first", [False, True])
@@ -421,7 +417,6 @@ def test_variable_lengths_match_torch_packed_sequences(mode, D, batch_first):
     close(run(m, x, state, full)[0], run(m, x, state)[0])
 
 
-@needs_op
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_zero_length_rows_keep_their_initial_state(mode):
     torch.manual_seed(6)
@@ -441,7 +436,6 @@ def test_zero_length_rows_keep_their_initial_state(mode):
         assert torch.equal(c[:, 0], c0[:, 0])
 
 
-@needs_op
 @pytest.mark.parametrize("mode", list(CLASSES))
 @pytest.mark.parametrize("input_mode", ["skip_input", "auto_select"])
 def test_skip_input_against_reference(mode, input_mode):
@@ -461,7 +455,6 @@ def test_skip_input_against_reference(mode, input_mode):
         close(c, c_r)
 
 
-@needs_op
 def test_skip_input_tf_issue_8311_value():
     # TF #8311: gru, all parameters 0, h0 = 0, x = 1 -> h' = (1 - sigmoid(1)) * tanh(1) = 0.2048
     m = CudnnGRU(1, 3, 3, input_mode="skip_input")
@@ -472,7 +465,6 @@ def test_skip_input_tf_issue_8311_value():
     assert abs(y[0, 0, 0].item() - 0.2048) < 1e-4
 
 
-@needs_op
 def test_batch_major_equals_time_major():
     torch.manual_seed(8)
     tm = CudnnLSTM(2, 4, 3, direction="bidirectional", num_proj=2, dtype=F64)
@@ -507,7 +499,6 @@ def keras_step(mode, x, h, c, kernel, rec, bias):
     return (torch.tanh(a) if mode == "rnn_tanh" else torch.relu(a)), c
 
 
-@needs_op
 @pytest.mark.parametrize("mode", list(CLASSES))
 def test_keras_weights_match_keras_equations(mode):
     torch.manual_seed(9)
@@ -540,7 +531,6 @@ def test_keras_weights_match_keras_equations(mode):
         assert a.shape == b.shape and torch.equal(a, b)
 
 
-@needs_op
 def test_keras_from_ours_is_the_same_function_and_errors():
     torch.manual_seed(11)
     m = CudnnLSTM(2, 4, 3, dtype=F64)
@@ -567,7 +557,6 @@ def test_keras_from_ours_is_the_same_function_and_errors():
 # training / eval, dropout and seeds
 # ---------------------------------------------------------------------------------------------------------
 
-@needs_op
 def test_eval_mode_no_dropout_and_gradients_still_work():
     torch.manual_seed(12)
     m = CudnnLSTM(3, 4, 3, dropout=0.5, dtype=F64)
@@ -587,7 +576,6 @@ def test_eval_mode_no_dropout_and_gradients_still_work():
     close(m1(x)[0], y)
 
 
-@needs_op
 def test_dropout_seeds():
     torch.manual_seed(13)
     x = torch.randn(6, 4, 3, dtype=F64)
@@ -617,7 +605,6 @@ def test_dropout_seeds():
     assert not torch.equal(c(x)[0], y1)
 
 
-@needs_op
 def test_dropout_gradient_uses_the_forward_masks():
     torch.manual_seed(14)
     m = CudnnLSTM(2, 3, 2, dropout=0.5, seed=5, dtype=F64)
@@ -654,7 +641,6 @@ class _Tagger(nn.Module):
         return self.head(y).squeeze(-1)
 
 
-@needs_op
 @pytest.mark.parametrize("mode", list(CLASSES))
 def test_small_model_trains(mode):
     torch.manual_seed(15)
@@ -681,7 +667,6 @@ def test_small_model_trains(mode):
 # TorchScript, dtypes, CUDA
 # ---------------------------------------------------------------------------------------------------------
 
-@needs_op
 @pytest.mark.parametrize("mode", list(CLASSES))
 def test_scripted_module_matches_eager_with_gradients(mode):
     torch.manual_seed(16)
@@ -714,7 +699,6 @@ def _run_scripted(s, mode, x, lengths):
     return y, h, None
 
 
-@needs_op
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 def test_other_dtypes(dtype):
     torch.manual_seed(17)
@@ -731,7 +715,6 @@ def test_other_dtypes(dtype):
     assert m.params.grad.dtype == dtype and torch.isfinite(m.params.grad.float()).all()
 
 
-@needs_op
 @pytest.mark.cuda
 @pytest.mark.parametrize("mode", list(CLASSES))
 def test_cuda_matches_cpu(mode):
@@ -778,7 +761,6 @@ def tf_cell(mode, x, h, c, t):
     return (torch.tanh(a) if mode == "rnn_tanh" else torch.relu(a)), c
 
 
-@needs_op
 @pytest.mark.parametrize("mode", list(CLASSES))
 @pytest.mark.parametrize("D", [1, 2])
 def test_tf_checkpoint_format(mode, D):
@@ -835,7 +817,6 @@ def test_tf_checkpoint_format(mode, D):
 # the layout here agrees with the ops' (params_size, params_to_canonical_v2, canonical_to_params_v2)
 # ---------------------------------------------------------------------------------------------------------
 
-@needs_op
 @pytest.mark.parametrize("mode", list(CLASSES))
 @pytest.mark.parametrize("input_mode", ["linear_input", "skip_input"])
 def test_layout_agrees_with_the_ops(mode, input_mode):
