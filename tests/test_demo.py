@@ -122,3 +122,22 @@ def test_demo_rejects_bad_arguments():
         assert e.value.code == 2, args
     a = parse_args([])
     assert (a.rnn, a.workers, a.processes, a.device, a.target) == ("gru", 4, False, "cpu", 0.95)
+
+
+@pytest.mark.timeout(60)
+def test_worker_batches_cover_each_shard_once_per_pass_and_are_reproducible():
+    from torchops.demo import train
+
+    tr, _ = data.load_digits(seed=0)
+    cfg = train.TrainConfig(workers=3, batch_size=32)
+    a = train.worker_batches(tr, cfg, num_steps=40)
+    b = train.worker_batches(tr, cfg, num_steps=40)
+    assert len(a) == 3 and all(len(w) == 40 for w in a)
+    for wa, wb, (sx, sy) in zip(a, b, data.shards(tr, 3)):
+        assert torch.equal(wa.idx, wb.idx)
+        per_pass = len(sy) // 32
+        first_pass = wa.idx[:per_pass].flatten()
+        assert len(set(first_pass.tolist())) == per_pass * 32  # no row twice within a pass
+        x, y = wa[3]
+        assert x.shape == (32, 1, 8, 8) and torch.equal(y, sy[wa.idx[3]]) and torch.equal(x, sx[wa.idx[3]])
+    assert not torch.equal(a[0].idx[:5], a[1].idx[:5])  # workers shuffle independently

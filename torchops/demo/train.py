@@ -107,18 +107,33 @@ def steps_per_epoch(n_train: int, cfg: TrainConfig) -> int:
     return max(1, math.ceil(n_train / (cfg.batch_size * cfg.replicas_to_aggregate)))
 
 
-def worker_batches(train_set, cfg: TrainConfig, num_steps: int) -> List[List[Tuple[torch.Tensor, torch.Tensor]]]:
-    """Per worker: its shard cut into shuffled batches, reshuffled every pass, enough for `num_steps` global
-    steps (worker w uses batch s % len at global step s, so a run does not depend on thread timing)."""
+class ShardBatches:
+    """A worker's batches: `idx[i]` are the rows of batch i in its shard (3 tensors in all, so that it
+    pickles cheaply to a worker process)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, idx: torch.Tensor):
+        self.x, self.y, self.idx = x, y, idx
+
+    def __len__(self) -> int:
+        return len(self.idx)
+
+    def __getitem__(self, i: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        rows = self.idx[i]
+        return self.x[rows], self.y[rows]
+
+
+def worker_batches(train_set, cfg: TrainConfig, num_steps: int) -> List[ShardBatches]:
+    """Per worker: its shard cut into shuffled batches, reshuffled every pass (a pass drops the remainder),
+    enough for `num_steps` global steps (worker w uses batch s % len at global step s, so the batches a
+    run sees do not depend on thread timing)."""
     out = []
     for w, (x, y) in enumerate(shards(train_set, cfg.workers)):
         g = torch.Generator().manual_seed(cfg.seed * 1000 + w + 1)
-        batches: List[Tuple[torch.Tensor, torch.Tensor]] = []
-        while len(batches) < num_steps:
-            perm = torch.randperm(len(y), generator=g)
-            batches += [(x[perm[i:i + cfg.batch_size]], y[perm[i:i + cfg.batch_size]])
-                        for i in range(0, len(y), cfg.batch_size)]
-        out.append(batches[:max(1, num_steps)])
+        b = min(cfg.batch_size, len(y))
+        per_pass = len(y) // b
+        passes = max(1, math.ceil(num_steps / per_pass))
+        idx = torch.cat([torch.randperm(len(y), generator=g)[:per_pass * b].view(per_pass, b) for _ in range(passes)])
+        out.append(ShardBatches(x, y, idx[:max(1, num_steps)]))
     return out
 
 
