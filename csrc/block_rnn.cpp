@@ -6,6 +6,7 @@
 // Outputs and workspaces are allocated once per call; the loops write into slices.
 #include "block_rnn.h"
 #include "common/block_rnn_math.h"
+#include "rnn_util.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -22,24 +23,14 @@
 #include <limits>
 #include <vector>
 
-// MKL's packed-operand GEMM, exported by libtorch_cpu in MKL builds of PyTorch (x86). Declared weak
-// (ELF): in builds without it the pointers are null and StepGemm below falls back to the ATen GEMM. The
-// enum arguments are MKL's CBLAS enums (int-sized C enums).
-#if defined(__linux__) && defined(__GNUC__)
-#define TORCHOPS_MKL_PACKED_GEMM 1
-extern "C" {
-__attribute__((weak)) size_t cblas_sgemm_pack_get_size(int identifier, int m, int n, int k);
-__attribute__((weak)) void cblas_sgemm_pack(int layout, int identifier, int trans, int m, int n, int k, float alpha,
-                                            const float* src, int ld, float* dest);
-__attribute__((weak)) void cblas_sgemm_compute(int layout, int transa, int transb, int m, int n, int k,
-                                               const float* a, int lda, const float* b, int ldb, float beta,
-                                               float* c, int ldc);
-}
-#endif
 
 namespace torchops {
 namespace brnn {
 namespace {
+
+using rnn_util::for_batch_slices;
+using rnn_util::rows_of;
+using rnn_util::StepGemm;
 
 // ------------------------------------------------------------------------------------------------
 // validation helpers
@@ -95,64 +86,6 @@ void addmm_into(at::Tensor out, const at::Tensor& bias, const at::Tensor& a, con
   at::addmm_out(out, bias, a, b);
 }
 
-// The recurrent GEMM of a time loop, out (+)= a @ op(w), with the same weight view on every step. On
-// the CPU in float32 with MKL the weight is packed once per call (cblas_sgemm_pack) instead of being
-// re-packed inside every step's sgemm: BlockLSTM T=50 B=32 C=256 spent ~10 % of its time packing; its
-// 50 recurrent GEMMs take 2.3 instead of 3.1 ms forward, 2.4 instead of 3.7 ms backward. Otherwise (other
-// dtypes/devices, one step, no MKL) the ATen GEMM.
-class StepGemm {
- public:
-  // w: [K, N] (trans: [N, K], used as its transpose), unit column stride; `rows` = rows of every `a`.
-  StepGemm(const at::Tensor& w, bool trans, int64_t rows, int64_t steps) : w_(w), trans_(trans) {
-#ifdef TORCHOPS_MKL_PACKED_GEMM
-    const int64_t n = trans ? w.size(0) : w.size(1), k = trans ? w.size(1) : w.size(0);
-    const int64_t lim = std::numeric_limits<int>::max() / 2;
-    if (steps < 2 || !w.is_cpu() || w.scalar_type() != at::kFloat || w.stride(1) != 1 || rows <= 0 || rows > lim ||
-        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || w.stride(0) < (trans ? k : n) ||
-        !cblas_sgemm_pack_get_size ||
-        !cblas_sgemm_pack || !cblas_sgemm_compute)
-      return;
-    m_ = static_cast<int>(rows);
-    n_ = static_cast<int>(n);
-    k_ = static_cast<int>(k);
-    const size_t bytes = cblas_sgemm_pack_get_size(kBMatrix, m_, n_, k_);
-    packed_ = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, w.options());
-    cblas_sgemm_pack(kRowMajor, kBMatrix, trans ? kTrans : kNoTrans, m_, n_, k_, 1.0f, w.const_data_ptr<float>(),
-                     static_cast<int>(w.stride(0)), packed_.mutable_data_ptr<float>());
-#else
-    (void)rows;
-    (void)steps;
-#endif
-  }
-  void addmm(at::Tensor& out, const at::Tensor& a) { run(out, a, 1.0f); }  // out += a @ op(w)
-  void mm(at::Tensor& out, const at::Tensor& a) { run(out, a, 0.0f); }     // out = a @ op(w)
-
- private:
-  static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
-  void run(at::Tensor& out, const at::Tensor& a, float beta) {
-    const at::Tensor w = trans_ ? w_.t() : w_;
-    // BLAS leading dimensions must cover a row: a size-1 dimension may carry any stride (a [1, n]
-    // tensor with strides (1, 1) is "contiguous"), so such operands take the ATen path.
-    if (!packed_.defined() || a.stride(1) != 1 || out.stride(1) != 1 || a.size(0) != m_ || a.stride(0) < k_ ||
-        out.stride(0) < n_ || a.stride(0) > std::numeric_limits<int>::max() ||
-        out.stride(0) > std::numeric_limits<int>::max()) {
-      if (beta == 0.0f)
-        at::mm_out(out, a, w);
-      else
-        out.addmm_(a, w);
-      return;
-    }
-#ifdef TORCHOPS_MKL_PACKED_GEMM
-    cblas_sgemm_compute(kRowMajor, kNoTrans, kPacked, m_, n_, k_, a.const_data_ptr<float>(),
-                        static_cast<int>(a.stride(0)), packed_.const_data_ptr<float>(), n_, beta,
-                        out.mutable_data_ptr<float>(), static_cast<int>(out.stride(0)));
-#endif
-  }
-  at::Tensor w_;
-  bool trans_;
-  int m_ = 0, n_ = 0, k_ = 0;
-  at::Tensor packed_;
-};
 
 // Steps whose input projections are computed by one GEMM: enough rows (>= 256) for an efficient
 // GEMM, few enough that the projection buffer stays cache-sized instead of [T, B, nC].
@@ -160,34 +93,6 @@ int64_t projection_chunk(int64_t L, int64_t B) {
   return std::max<int64_t>(1, std::min<int64_t>(L, (256 + B - 1) / std::max<int64_t>(B, 1)));
 }
 
-// The time loops on the CPU run one slice of the batch per intra-op thread. Batch rows never interact
-// inside the recurrence, so each thread runs every step of its own rows (its GEMMs single-threaded, its
-// element-wise kernels inline) and the threads meet once per call instead of twice per step (the GEMM's
-// and the element-wise kernel's fork/join). fn(b0, b1) runs rows [b0, b1); on other devices, with one
-// thread, one row, inside a parallel region, or when `split` is false: fn(0, B).
-template <typename F>
-void for_batch_slices(const at::Tensor& x, int64_t B, bool split, const F& fn) {
-  const int64_t n =
-      split && x.is_cpu() && !at::in_parallel_region() ? std::min<int64_t>(at::get_num_threads(), B) : 1;
-  if (n <= 1) {
-    fn(0, B);
-    return;
-  }
-  const int64_t per = (B + n - 1) / n;
-  const at::ThreadLocalState tls;  // the op's dispatch state (autograd excluded, grad mode) for the workers
-  at::parallel_for(0, n, 1, [&](int64_t k0, int64_t k1) {
-    const at::ThreadLocalStateGuard guard(tls);
-    for (int64_t k = k0; k < k1; ++k) {
-      const int64_t b0 = k * per, b1 = std::min(B, b0 + per);
-      if (b0 < b1) fn(b0, b1);
-    }
-  });
-}
-
-// Rows [b0, b0 + nb) of a [T, B, ...] (dim 1) or [B, ...] (dim 0) tensor; undefined stays undefined.
-at::Tensor rows_of(const at::Tensor& t, int64_t dim, int64_t b0, int64_t nb) {
-  return t.defined() ? t.narrow(dim, b0, nb) : t;
-}
 
 // x[t0 : t0 + n] of a batch slice as an [n * nb, I] matrix: a view when the slice is contiguous (the
 // whole batch, or one step), else gathered into `buf` ([chunk, nb, I]).

@@ -10,3 +10,6 @@ from .batching import Batch, Unbatch
 
 __all__ = ["FusedBatchNormV3", "GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM", "BlockLSTMV2", "Batch",
            "Unbatch"]
+from .cudnn_rnn import CudnnRNNFunction, CudnnRNNV2Function, CudnnRNNV3Function  # noqa: E402
+
+__all__ += ["CudnnRNNFunction", "CudnnRNNV2Function", "CudnnRNNV3Function"]

@@ -5,3 +5,10 @@ from .batching import batch, unbatch, unbatch_grad
 
 __all__ = ["fused_batch_norm", "gru_block_cell", "block_gru", "lstm_block_cell", "block_lstm", "block_lstm_v2", "batch",
            "unbatch", "unbatch_grad"]
+from .cudnn_rnn import (cudnn_rnn, cudnn_rnn_backprop, cudnn_rnn_backprop_v2, cudnn_rnn_backprop_v3,  # noqa: E402
+                        cudnn_rnn_canonical_to_params, cudnn_rnn_canonical_to_params_v2, cudnn_rnn_params_size,
+                        cudnn_rnn_params_to_canonical, cudnn_rnn_params_to_canonical_v2, cudnn_rnn_v2, cudnn_rnn_v3)
+
+__all__ += ["cudnn_rnn", "cudnn_rnn_v2", "cudnn_rnn_v3", "cudnn_rnn_backprop", "cudnn_rnn_backprop_v2",
+            "cudnn_rnn_backprop_v3", "cudnn_rnn_params_size", "cudnn_rnn_params_to_canonical",
+            "cudnn_rnn_params_to_canonical_v2", "cudnn_rnn_canonical_to_params", "cudnn_rnn_canonical_to_params_v2"]

@@ -1,0 +1,124 @@
+// CudnnRNN family (spec ../shared/specs/cudnn_rnn.md): CudnnRNN / V2 / V3 and their Backprop ops,
+// CudnnRNNParamsSize and the canonical converters. Validation, the params layout and the
+// device-independent orchestration (GEMMs through ATen, the time loops, dropout, the reserve_space
+// layout) live in csrc/cudnn_rnn.cpp; each backend provides the fused per-step kernels below
+// (csrc/cpu/cudnn_rnn_kernel.cpp, csrc/cuda/cudnn_rnn_kernel.cu) over the scalar math of
+// csrc/common/cudnn_rnn_math.h.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+#include <torch/library.h>
+
+#include <string>
+#include <tuple>
+
+namespace torchops {
+namespace crnn {
+
+// Per-step kernels. Every matrix argument is an [nb, n] view with unit column stride and any row
+// stride (stride(0)); all data is in the compute dtype (float32 or float64). `lens` is an int32 [nb]
+// tensor on the kernels' device or undefined (every row active); row b is active at step t iff
+// t < lens[b]. Inactive rows keep their state and write 0 outputs / 0 gate gradients.
+struct Kernels {
+  // g [nb,4H] pre-activations in, activations (i,f,g,o) out; c_out = c', hm_out = m (= h' when the
+  // layer has no projection). y [nb,O] (may be undefined) = h' for active rows, 0 otherwise.
+  void (*lstm_fwd)(const at::Tensor& g, const at::Tensor& c_prev, const at::Tensor& h_prev, const at::Tensor& c_out,
+                   const at::Tensor& hm_out, const at::Tensor& y, bool proj, const at::Tensor& lens, int64_t t);
+  // g [nb,3H] = W x + b_W in, (r,z,n) out; gh [nb,3H] = R h (no bias); b_r [3H]; ghn_out = R_n h + b_Rn.
+  void (*gru_fwd)(const at::Tensor& g, const at::Tensor& gh, const at::Tensor& b_r, const at::Tensor& h_prev,
+                  const at::Tensor& ghn_out, const at::Tensor& h_out, const at::Tensor& y, const at::Tensor& lens,
+                  int64_t t);
+  // g [nb,H] pre-activation in, activation out; h_out, y as above.
+  void (*rnn_fwd)(const at::Tensor& g, const at::Tensor& h_prev, const at::Tensor& h_out, const at::Tensor& y,
+                  bool relu, const at::Tensor& lens, int64_t t);
+  // Projected lstm: h_new (= Pm m) of inactive rows <- h_prev; y <- h_new (active) or 0.
+  void (*mask_state)(const at::Tensor& h_new, const at::Tensor& h_prev, const at::Tensor& y, const at::Tensor& lens,
+                     int64_t t);
+  // Backward step prologue: active rows: dh = dh_carry + dy, dh_next = 0; inactive: dh = 0,
+  // dh_next = dh_carry. dy may be undefined (= 0).
+  void (*bwd_prep)(const at::Tensor& dh_carry, const at::Tensor& dy, const at::Tensor& dh, const at::Tensor& dh_next,
+                   const at::Tensor& lens, int64_t t);
+  // g: activations; dm [nb,H]; dc [nb,H] in (dL/dc') / out (dL/dc_prev, unchanged for inactive rows);
+  // dg [nb,4H] pre-activation gradients out.
+  void (*lstm_bwd)(const at::Tensor& g, const at::Tensor& c, const at::Tensor& c_prev, const at::Tensor& dm,
+                   const at::Tensor& dc, const at::Tensor& dg, const at::Tensor& lens, int64_t t);
+  // dgx [nb,3H], dgh [nb,3H] out; dh_next += z dh.
+  void (*gru_bwd)(const at::Tensor& g, const at::Tensor& ghn, const at::Tensor& h_prev, const at::Tensor& dh,
+                  const at::Tensor& dh_next, const at::Tensor& dgx, const at::Tensor& dgh, const at::Tensor& lens,
+                  int64_t t);
+  void (*rnn_bwd)(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& dg, bool relu, const at::Tensor& lens,
+                  int64_t t);
+  c10::DeviceType device;
+};
+
+using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using T5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using Str = c10::string_view;
+
+// Forward ops (version 1, 2, 3). V1/V2 pass an undefined sequence_lengths, num_proj 0, time_major true.
+T5 cudnn_rnn_forward(int version, const at::Tensor& input, const at::Tensor& input_h, const at::Tensor& input_c,
+                     const at::Tensor& params, const at::Tensor& sequence_lengths, Str rnn_mode, Str input_mode,
+                     Str direction, double dropout, int64_t seed, int64_t seed2, int64_t num_proj, bool is_training,
+                     bool time_major, const Kernels& k);
+T4 cudnn_rnn_backward(int version, const at::Tensor& input, const at::Tensor& input_h, const at::Tensor& input_c,
+                      const at::Tensor& params, const at::Tensor& sequence_lengths, const at::Tensor& output,
+                      const at::Tensor& output_h, const at::Tensor& output_c, const at::Tensor& output_backprop,
+                      const at::Tensor& output_h_backprop, const at::Tensor& output_c_backprop,
+                      const at::Tensor& reserve_space, Str rnn_mode, Str input_mode, Str direction, double dropout,
+                      int64_t seed, int64_t seed2, int64_t num_proj, bool time_major, const Kernels& k);
+
+// The op entry points of one backend (its Kernels table K).
+template <const Kernels& K>
+struct Impls {
+  static T4 v1(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p, Str mode, Str im,
+               Str dir, double dropout, int64_t seed, int64_t seed2, bool is_training) {
+    auto r = cudnn_rnn_forward(1, x, h, c, p, at::Tensor(), mode, im, dir, dropout, seed, seed2, 0, is_training, true,
+                               K);
+    return {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r)};
+  }
+  static T5 v2(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p, Str mode, Str im,
+               Str dir, double dropout, int64_t seed, int64_t seed2, bool is_training) {
+    return cudnn_rnn_forward(2, x, h, c, p, at::Tensor(), mode, im, dir, dropout, seed, seed2, 0, is_training, true, K);
+  }
+  static T5 v3(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p,
+               const at::Tensor& lens, Str mode, Str im, Str dir, double dropout, int64_t seed, int64_t seed2,
+               int64_t num_proj, bool is_training, bool time_major) {
+    return cudnn_rnn_forward(3, x, h, c, p, lens, mode, im, dir, dropout, seed, seed2, num_proj, is_training,
+                             time_major, K);
+  }
+  static T4 bwd_v1(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p,
+                   const at::Tensor& y, const at::Tensor& hy, const at::Tensor& cy, const at::Tensor& dy,
+                   const at::Tensor& dhy, const at::Tensor& dcy, const at::Tensor& reserve, Str mode, Str im, Str dir,
+                   double dropout, int64_t seed, int64_t seed2) {
+    return cudnn_rnn_backward(1, x, h, c, p, at::Tensor(), y, hy, cy, dy, dhy, dcy, reserve, mode, im, dir, dropout,
+                              seed, seed2, 0, true, K);
+  }
+  static T4 bwd_v2(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p,
+                   const at::Tensor& y, const at::Tensor& hy, const at::Tensor& cy, const at::Tensor& dy,
+                   const at::Tensor& dhy, const at::Tensor& dcy, const at::Tensor& reserve, const at::Tensor& host,
+                   Str mode, Str im, Str dir, double dropout, int64_t seed, int64_t seed2) {
+    return cudnn_rnn_backward(2, x, h, c, p, at::Tensor(), y, hy, cy, dy, dhy, dcy, reserve, mode, im, dir, dropout,
+                              seed, seed2, 0, true, K);
+  }
+  static T4 bwd_v3(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p,
+                   const at::Tensor& lens, const at::Tensor& y, const at::Tensor& hy, const at::Tensor& cy,
+                   const at::Tensor& dy, const at::Tensor& dhy, const at::Tensor& dcy, const at::Tensor& reserve,
+                   const at::Tensor& host, Str mode, Str im, Str dir, double dropout, int64_t seed, int64_t seed2,
+                   int64_t num_proj, bool time_major) {
+    return cudnn_rnn_backward(3, x, h, c, p, lens, y, hy, cy, dy, dhy, dcy, reserve, mode, im, dir, dropout, seed,
+                              seed2, num_proj, time_major, K);
+  }
+};
+
+template <const Kernels& K>
+void register_impls(torch::Library& m) {
+  m.impl("cudnn_rnn", &Impls<K>::v1);
+  m.impl("cudnn_rnn_v2", &Impls<K>::v2);
+  m.impl("cudnn_rnn_v3", &Impls<K>::v3);
+  m.impl("cudnn_rnn_backprop", &Impls<K>::bwd_v1);
+  m.impl("cudnn_rnn_backprop_v2", &Impls<K>::bwd_v2);
+  m.impl("cudnn_rnn_backprop_v3", &Impls<K>::bwd_v3);
+}
+
+}  // namespace crnn
+}  // namespace torchops

@@ -1,0 +1,644 @@
+"""cuDNN-style multi-layer RNN modules on the torchops CudnnRNN ops, mirroring TF's
+`tf.contrib.cudnn_rnn.CudnnLSTM` / `CudnnGRU` / `CudnnRNNTanh` / `CudnnRNNRelu`.
+
+Each module holds ONE flat parameter, `params`, in the CudnnRNN params-buffer layout (spec §6.2, the
+layout `cudnn_rnn_params_to_canonical` / `cudnn_rnn_canonical_to_params` use): first the matrices of every
+pseudo-layer `pl = layer * num_dirs + dir` (`W_0..W_{G-1}` `[H, in_l]`, `R_0..R_{G-1}` `[H, O]`, then the
+LSTM projection `[P, H]`), then the biases of every pseudo-layer (`b_W0..b_W{G-1}`, `b_R0..b_R{G-1}`,
+each `[H]`), every tensor flattened row-major. Gate order: lstm i, f, c(g), o; gru r, z, n; rnn one gate.
+
+Converters (exact, see docs/cudnn_rnn_nn.md):
+
+* `from_torch(rnn)` / `to_torch()`: `torch.nn.LSTM` (incl. `proj_size`), `torch.nn.GRU`,
+  `torch.nn.RNN` (tanh / relu); stacks, bidirectional, `batch_first` <-> `time_major=False`.
+* `canonical_weights()` / `load_canonical_weights(weights, biases)`: TF's canonical lists (what
+  `CudnnRNNParamsToCanonical(V2)` returns and `CudnnRNNCanonicalToParams(V2)` takes).
+* `keras_weights()` / `load_keras_weights(weights)`: Keras LSTM / GRU (`reset_after=True`) /
+  SimpleRNN `[kernel, recurrent_kernel, bias]` per (layer, direction).
+* `tf_checkpoint_weights()` / `load_tf_checkpoint_weights(weights)`: the TF 1.x canonical-cell format
+  in which `tf.contrib.cudnn_rnn`'s saveable writes checkpoints (CudnnCompatibleLSTMCell / GRUCell /
+  BasicRNNCell kernels and biases per (layer, direction)).
+"""
+import math
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu", "canonical_shapes", "cudnn_params_size"]
+
+_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+_DIRECTIONS = ("unidirectional", "bidirectional")
+_INPUT_MODES = ("linear_input", "skip_input", "auto_select")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# params-buffer layout (spec §6), pure Python so that it needs no op and can be checked against the ops
+# ---------------------------------------------------------------------------------------------------------
+
+def _check_int(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_config(rnn_mode: str, num_layers: int, num_units: int, input_size: int, direction: str,
+                  input_mode: str, num_proj: int) -> bool:
+    """Validates a configuration; returns whether layer 0 skips its input matrices (skip_input)."""
+    if rnn_mode not in _GATES:
+        raise ValueError(f"rnn_mode must be one of {sorted(_GATES)}, got {rnn_mode!r}")
+    _check_int("num_layers", num_layers, 1)
+    _check_int("num_units", num_units, 1)
+    _check_int("input_size", input_size, 1)
+    _check_int("num_proj", num_proj, 0)
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be one of {list(_DIRECTIONS)}, got {direction!r}")
+    if input_mode not in _INPUT_MODES:
+        raise ValueError(f"input_mode must be one of {list(_INPUT_MODES)}, got {input_mode!r}")
+    if num_proj > 0 and rnn_mode != "lstm":
+        raise ValueError(f"num_proj (projection) is only supported for rnn_mode 'lstm', got rnn_mode {rnn_mode!r} "
+                         f"with num_proj {num_proj}")
+    if num_proj > num_units:
+        raise ValueError(f"num_proj must be <= num_units ({num_units}), got {num_proj}")
+    if input_mode == "skip_input" and input_size != num_units:
+        raise ValueError(f"input_mode 'skip_input' requires input_size == num_units, got input_size {input_size} "
+                         f"and num_units {num_units}")
+    return input_mode == "skip_input" or (input_mode == "auto_select" and input_size == num_units)
+
+
+def canonical_shapes(rnn_mode: str, num_layers: int, num_units: int, input_size: int,
+                     direction: str = "unidirectional", input_mode: str = "linear_input",
+                     num_proj: int = 0) -> Tuple[List[List[int]], List[List[int]]]:
+    """The shapes of TF's canonical weights and biases, in params_to_canonical order (spec §6.1-6.2).
+
+    skip_input: layer 0's input matrices are `[H, 0]` and its input biases `[0]` (present, empty)."""
+    skip = _check_config(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
+    G, H, P = _GATES[rnn_mode], num_units, num_proj
+    D = 2 if direction == "bidirectional" else 1
+    O = P if P > 0 else H
+    weights: List[List[int]] = []
+    biases: List[List[int]] = []
+    for layer in range(num_layers):
+        in_l = input_size if layer == 0 else D * O
+        for _ in range(D):
+            w_in = 0 if (layer == 0 and skip) else in_l
+            weights += [[H, w_in] for _ in range(G)] + [[H, O] for _ in range(G)]
+            if P > 0:
+                weights.append([P, H])
+            b_in = 0 if (layer == 0 and skip) else H
+            biases += [[b_in] for _ in range(G)] + [[H] for _ in range(G)]
+    return weights, biases
+
+
+def cudnn_params_size(rnn_mode: str, num_layers: int, num_units: int, input_size: int,
+                      direction: str = "unidirectional", input_mode: str = "linear_input", num_proj: int = 0) -> int:
+    """Number of elements of the params buffer (spec §6.3); equals `cudnn_rnn_params_size`."""
+    weights, biases = canonical_shapes(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
+    return sum(math.prod(s) for s in weights + biases)
+
+
+def _split_params(params: Tensor, weight_shapes: List[List[int]], bias_shapes: List[List[int]]):
+    """Views of `params` in the canonical order (the inverse of flatten-and-concatenate)."""
+    weights, biases, offset = [], [], 0
+    for shape, out in [(s, weights) for s in weight_shapes] + [(s, biases) for s in bias_shapes]:
+        n = math.prod(shape)
+        out.append(params[offset:offset + n].view(shape))
+        offset += n
+    return weights, biases
+
+
+def _as_tensor(x: Any, like: Tensor) -> Tensor:
+    """Checkpoint arrays (numpy, lists, tensors of any dtype/device) as tensors like `like`."""
+    t = x.detach() if isinstance(x, Tensor) else torch.as_tensor(x)
+    return t.to(dtype=like.dtype, device=like.device)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# modules
+# ---------------------------------------------------------------------------------------------------------
+
+class _CudnnRNN(nn.Module):
+    """Shared implementation; use CudnnLSTM / CudnnGRU / CudnnRNNTanh / CudnnRNNRelu."""
+
+    rnn_mode: str = ""
+    _torch_class: Any = None
+    __jit_unused_properties__ = ["params_size", "num_gates"]
+
+    def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
+                 dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
+                 num_proj: Optional[int] = None, init: str = "glorot", device=None, dtype=None):
+        super().__init__()
+        num_proj = 0 if num_proj is None else num_proj
+        _check_config(self.rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
+        if isinstance(dropout, bool) or not isinstance(dropout, (int, float)) or not 0.0 <= float(dropout) <= 1.0:
+            raise ValueError(f"dropout must be a probability in [0, 1], got {dropout!r}")
+        _check_int("seed", seed, -(2 ** 63))
+        if init not in ("glorot", "torch"):
+            raise ValueError(f"init must be 'glorot' (TF/Keras) or 'torch' (torch.nn.LSTM), got {init!r}")
+        self.rnn_mode = type(self).rnn_mode  # an instance attribute, so that TorchScript sees it
+        self.num_layers = num_layers
+        self.num_units = num_units
+        self.input_size = input_size
+        self.direction = direction
+        self.num_dirs = 2 if direction == "bidirectional" else 1
+        self.dropout = float(dropout)
+        self.seed = seed
+        self.time_major = bool(time_major)
+        self.input_mode = input_mode
+        self.num_proj = num_proj
+        self.output_size = num_proj if num_proj > 0 else num_units  # width of h and of each output direction
+        self.init = init
+        # Training calls made with seed != 0 and dropout > 0: the k-th call uses (seed, seed2 = k), so the mask
+        # sequence is reproducible from the seed yet differs between steps (see docs/cudnn_rnn_nn.md).
+        self.dropout_step = 0
+        self._weight_shapes, self._bias_shapes = canonical_shapes(self.rnn_mode, num_layers, num_units, input_size,
+                                                                  direction, input_mode, num_proj)
+        size = sum(math.prod(s) for s in self._weight_shapes + self._bias_shapes)
+        self.params = nn.Parameter(torch.empty(size, device=device, dtype=dtype))
+        self.reset_parameters()
+
+    # -- construction helpers -------------------------------------------------------------------------------
+
+    @property
+    def params_size(self) -> int:
+        return self.params.numel()
+
+    @property
+    def num_gates(self) -> int:
+        return _GATES[self.rnn_mode]
+
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """init='glorot' (default, TF's CudnnRNN layers and Keras): every canonical matrix glorot-uniform over
+        its own `[rows, cols]` (limit sqrt(6 / (rows + cols))), biases 0. init='torch': every element
+        U(-1/sqrt(H), 1/sqrt(H)), as torch.nn.LSTM/GRU/RNN."""
+        weights, biases = self.canonical_weights()
+        if self.init == "torch":
+            bound = 1.0 / math.sqrt(self.num_units)
+            self.params.uniform_(-bound, bound)
+            return
+        for w in weights:
+            if w.numel() > 0:
+                a = math.sqrt(6.0 / (w.shape[0] + w.shape[1]))
+                w.uniform_(-a, a)
+        for b in biases:
+            b.zero_()
+
+    def flatten_parameters(self) -> None:
+        """No-op, for code written for torch.nn.LSTM: `params` already is one flat buffer."""
+
+    def extra_repr(self) -> str:
+        s = f"num_layers={self.num_layers}, num_units={self.num_units}, input_size={self.input_size}"
+        if self.direction != "unidirectional":
+            s += f", direction={self.direction!r}"
+        if self.num_proj:
+            s += f", num_proj={self.num_proj}"
+        if self.dropout:
+            s += f", dropout={self.dropout}, seed={self.seed}"
+        if not self.time_major:
+            s += ", time_major=False"
+        if self.input_mode != "linear_input":
+            s += f", input_mode={self.input_mode!r}"
+        return s
+
+    # -- forward --------------------------------------------------------------------------------------------
+
+    def _state(self, state: Optional[Tensor], input: Tensor, batch: int, width: int, name: str) -> Tensor:
+        n = self.num_layers * self.num_dirs
+        if state is None:
+            return torch.zeros([n, batch, width], dtype=input.dtype, device=input.device)
+        if state.dim() != 3 or state.size(0) != n or state.size(1) != batch or state.size(2) != width:
+            raise ValueError(f"{name} must have shape [num_layers * num_dirs, batch, {width}] = "
+                             f"[{n}, {batch}, {width}], got {list(state.shape)}")
+        return state
+
+    def _run(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
+             sequence_lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
+        if input.dim() != 3:
+            raise ValueError(f"input must be 3-D ({'[T, B, input_size]' if self.time_major else '[B, T, input_size]'}),"
+                             f" got shape {list(input.shape)}")
+        if input.size(2) != self.input_size:
+            raise ValueError(f"input must have input_size = {self.input_size} features in its last dimension, "
+                             f"got shape {list(input.shape)}")
+        T = input.size(0) if self.time_major else input.size(1)
+        B = input.size(1) if self.time_major else input.size(0)
+        h = self._state(h0, input, B, self.output_size, "initial h state")
+        if self.rnn_mode == "lstm":
+            c = self._state(c0, input, B, self.num_units, "initial c state")
+        else:
+            c = torch.zeros([], dtype=input.dtype, device=input.device)  # ignored by the op for non-LSTM modes
+        if sequence_lengths is None:
+            lengths = torch.full([B], T, dtype=torch.int32)
+        else:
+            if sequence_lengths.dim() != 1 or sequence_lengths.size(0) != B:
+                raise ValueError(f"sequence_lengths must be a 1-D tensor of batch size {B}, got shape "
+                                 f"{list(sequence_lengths.shape)}")
+            if sequence_lengths.is_floating_point() or sequence_lengths.is_complex():
+                raise ValueError(f"sequence_lengths must hold integers, got dtype {sequence_lengths.dtype}")
+            lengths = sequence_lengths.to(torch.int32)
+        if not self.time_major:
+            # The op's batch-major states are genuinely [B, L*D, n] (spec rule 14); the module keeps torch's
+            # and TF's layer convention, [L*D, B, n], in both layouts.
+            h = h.transpose(0, 1)
+            if self.rnn_mode == "lstm":
+                c = c.transpose(0, 1)
+        # Dropout only in training; the op's is_training also decides whether it keeps what the backward
+        # needs, so eval-mode calls that need gradients still run with is_training=True (and no dropout).
+        needs_grad = torch.is_grad_enabled() and (input.requires_grad or self.params.requires_grad
+                                                 or h.requires_grad or c.requires_grad)
+        dropout = self.dropout if self.training else 0.0
+        seed, seed2 = 0, 0
+        if self.training and dropout > 0.0 and self.seed != 0 and self.num_layers > 1:
+            seed, seed2 = self.seed, self.dropout_step
+            self.dropout_step = self.dropout_step + 1
+        out = torch.ops.torchops.cudnn_rnn_v3(
+            input, h, c, self.params, lengths, rnn_mode=self.rnn_mode, input_mode=self.input_mode,
+            direction=self.direction, dropout=dropout, seed=seed, seed2=seed2, num_proj=self.num_proj,
+            is_training=self.training or needs_grad, time_major=self.time_major)
+        output, h_n, c_n = out[0], out[1], out[2]
+        if not self.time_major:
+            h_n = h_n.transpose(0, 1)
+            if self.rnn_mode == "lstm":
+                c_n = c_n.transpose(0, 1)
+        return output, h_n, c_n
+
+    # -- canonical (TF CudnnRNNParamsToCanonical) -----------------------------------------------------------
+
+    def canonical_weights(self) -> Tuple[List[Tensor], List[Tensor]]:
+        """`(weights, biases)` in TF's canonical order (what `CudnnRNNParamsToCanonical(V2)` returns), as
+        differentiable views of `params` (write into them under `torch.no_grad()` to edit the buffer)."""
+        return _split_params(self.params, self._weight_shapes, self._bias_shapes)
+
+    @torch.no_grad()
+    def load_canonical_weights(self, weights: Sequence[Any], biases: Sequence[Any]) -> None:
+        """Loads TF canonical lists (`CudnnRNNCanonicalToParams(V2)` order) into `params`. Like TF, only
+        element counts are checked, so flattened tensors are accepted; arrays are cast to params' dtype."""
+        ws, bs = self.canonical_weights()
+        for kind, given, regions in (("weights", weights, ws), ("biases", biases, bs)):
+            if len(given) != len(regions):
+                raise ValueError(f"expected {len(regions)} canonical {kind} for this configuration, got {len(given)}")
+        staged = []  # validate everything before writing anything
+        for kind, given, regions in (("weights", weights, ws), ("biases", biases, bs)):
+            for i, (src, dst) in enumerate(zip(given, regions)):
+                t = _as_tensor(src, dst)
+                if t.numel() != dst.numel():
+                    raise ValueError(f"canonical {kind}[{i}] must have {dst.numel()} elements (shape "
+                                     f"{list(dst.shape)}), got shape {list(t.shape)}")
+                staged.append((dst, t.reshape(dst.shape)))
+        for dst, t in staged:
+            dst.copy_(t)
+
+    # -- per pseudo-layer gate blocks (shared by the converters) ---------------------------------------------
+
+    def _per_pseudo_layer(self) -> List[Tuple[List[Tensor], List[Tensor], Optional[Tensor], List[Tensor], List[Tensor]]]:
+        """For each pseudo-layer: (W gates, R gates, projection or None, b_W gates, b_R gates) as views."""
+        weights, biases = self.canonical_weights()
+        G = self.num_gates
+        nw = 2 * G + (1 if self.num_proj > 0 else 0)
+        out = []
+        for pl in range(self.num_layers * self.num_dirs):
+            w = weights[pl * nw:(pl + 1) * nw]
+            b = biases[pl * 2 * G:(pl + 1) * 2 * G]
+            out.append((w[:G], w[G:2 * G], w[2 * G] if self.num_proj > 0 else None, b[:G], b[G:]))
+        return out
+
+    def _check_linear_input(self, what: str) -> None:
+        if self.input_mode == "skip_input" or (self.input_mode == "auto_select" and self.input_size == self.num_units):
+            raise ValueError(f"{what} has no skip_input mode (layer 0 has no input matrices here); only modules "
+                             f"with linear input convert")
+
+    # -- torch.nn.LSTM / GRU / RNN --------------------------------------------------------------------------
+
+    def _torch_kwargs(self) -> dict:
+        return {}
+
+    @torch.no_grad()
+    def to_torch(self) -> nn.Module:
+        """An equivalent `torch.nn.LSTM` / `GRU` / `RNN` (`batch_first = not time_major`; same dropout
+        probability, though the dropout masks themselves differ)."""
+        self._check_linear_input(f"torch.nn.{self._torch_class.__name__}")
+        m = self._torch_class(self.input_size, self.num_units, num_layers=self.num_layers, bias=True,
+                              batch_first=not self.time_major, dropout=self.dropout,
+                              bidirectional=self.num_dirs == 2, device=self.params.device, dtype=self.params.dtype,
+                              **self._torch_kwargs())
+        for pl, (W, R, Pm, bW, bR) in enumerate(self._per_pseudo_layer()):
+            sfx = f"l{pl // self.num_dirs}" + ("_reverse" if pl % self.num_dirs else "")
+            getattr(m, f"weight_ih_{sfx}").copy_(torch.cat(W, 0))
+            getattr(m, f"weight_hh_{sfx}").copy_(torch.cat(R, 0))
+            getattr(m, f"bias_ih_{sfx}").copy_(torch.cat(bW, 0))
+            getattr(m, f"bias_hh_{sfx}").copy_(torch.cat(bR, 0))
+            if Pm is not None:
+                getattr(m, f"weight_hr_{sfx}").copy_(Pm)
+        return m
+
+    @classmethod
+    def _from_torch_kwargs(cls, rnn: nn.Module) -> dict:
+        return {}
+
+    @classmethod
+    @torch.no_grad()
+    def from_torch(cls, rnn: nn.Module, seed: int = 0, init: str = "glorot"):
+        """The module equivalent to a `torch.nn.LSTM` (-> CudnnLSTM), `GRU` (-> CudnnGRU) or `RNN`
+        (tanh -> CudnnRNNTanh, relu -> CudnnRNNRelu); missing biases (`bias=False`) become zeros."""
+        if cls._torch_class is None or not isinstance(rnn, cls._torch_class):
+            expected = cls._torch_class.__name__ if cls._torch_class is not None else "a subclass"
+            raise TypeError(f"{cls.__name__}.from_torch expects a torch.nn.{expected}, got {type(rnn).__name__}")
+        ref = rnn.weight_ih_l0
+        m = cls(rnn.num_layers, rnn.hidden_size, rnn.input_size,
+                direction="bidirectional" if rnn.bidirectional else "unidirectional", dropout=float(rnn.dropout),
+                seed=seed, time_major=not rnn.batch_first, init=init, device=ref.device, dtype=ref.dtype,
+                **cls._from_torch_kwargs(rnn))
+        m.train(rnn.training)
+        G = m.num_gates
+        for pl, (W, R, Pm, bW, bR) in enumerate(m._per_pseudo_layer()):
+            sfx = f"l{pl // m.num_dirs}" + ("_reverse" if pl % m.num_dirs else "")
+            for dst, src in ((W, getattr(rnn, f"weight_ih_{sfx}")), (R, getattr(rnn, f"weight_hh_{sfx}"))):
+                for d, s in zip(dst, src.chunk(G, 0)):
+                    d.copy_(s)
+            if Pm is not None:
+                Pm.copy_(getattr(rnn, f"weight_hr_{sfx}"))
+            for dst, name in ((bW, f"bias_ih_{sfx}"), (bR, f"bias_hh_{sfx}")):
+                if rnn.bias:
+                    for d, s in zip(dst, getattr(rnn, name).chunk(G, 0)):
+                        d.copy_(s)
+                else:
+                    for d in dst:
+                        d.zero_()
+        return m
+
+    # -- Keras ----------------------------------------------------------------------------------------------
+
+    _keras_gate_order: List[int] = []  # Keras gate k sits at cuDNN gate _keras_gate_order[k]
+
+    def keras_weights(self) -> List[Tensor]:
+        """`[kernel [in, G*U], recurrent_kernel [O, G*U], bias]` per pseudo-layer (forward layer, then the
+        backward layer of a Keras `Bidirectional`, layer by layer), as `layer.get_weights()` lists them.
+        LSTM / SimpleRNN bias `[G*U]` = b_W + b_R (Keras has one bias; the function is the same);
+        GRU (reset_after=True) bias `[2, 3U]` = [b_W; b_R], exact."""
+        self._check_linear_input("Keras")
+        if self.num_proj:
+            raise ValueError("Keras LSTM has no projection (num_proj); cannot convert")
+        out: List[Tensor] = []
+        order = self._keras_gate_order
+        with torch.no_grad():
+            for W, R, _, bW, bR in self._per_pseudo_layer():
+                out.append(torch.cat([W[g].t() for g in order], 1).clone())
+                out.append(torch.cat([R[g].t() for g in order], 1).clone())
+                if self.rnn_mode == "gru":
+                    out.append(torch.stack([torch.cat([bW[g] for g in order]), torch.cat([bR[g] for g in order])]))
+                else:
+                    out.append(torch.cat([bW[g] + bR[g] for g in order]))
+        return out
+
+    @torch.no_grad()
+    def load_keras_weights(self, weights: Sequence[Any]) -> None:
+        """Loads Keras `get_weights()` lists: 3 arrays per pseudo-layer (see `keras_weights`). LSTM / SimpleRNN
+        put the Keras bias into b_R and zero b_W (as Keras' own cuDNN path); GRU needs `reset_after=True`
+        (bias `[2, 3U]`; reset_after=False applies the reset gate before the matmul, which cuDNN cannot)."""
+        self._check_linear_input("Keras")
+        if self.num_proj:
+            raise ValueError("Keras LSTM has no projection (num_proj); cannot convert")
+        layers = self._per_pseudo_layer()
+        if len(weights) != 3 * len(layers):
+            raise ValueError(f"expected {3 * len(layers)} Keras arrays ([kernel, recurrent_kernel, bias] for each of "
+                             f"{len(layers)} (layer, direction) pairs), got {len(weights)}")
+        G, U = self.num_gates, self.num_units
+        order = self._keras_gate_order
+        staged = []
+        for i, (W, R, _, bW, bR) in enumerate(layers):
+            kernel, rec, bias = (_as_tensor(a, self.params) for a in weights[3 * i:3 * i + 3])
+            for name, t, rows in (("kernel", kernel, W[0].shape[1]), ("recurrent_kernel", rec, R[0].shape[1])):
+                if list(t.shape) != [rows, G * U]:
+                    raise ValueError(f"Keras {name} of (layer, direction) {i} must have shape [{rows}, {G * U}], "
+                                     f"got {list(t.shape)}")
+            if self.rnn_mode == "gru":
+                if bias.dim() == 1 and bias.numel() == G * U:
+                    raise ValueError("Keras GRU with reset_after=False (bias [3 * units]) applies the reset gate "
+                                     "before the matmul and has no cuDNN equivalent; use reset_after=True")
+                if list(bias.shape) != [2, G * U]:
+                    raise ValueError(f"Keras GRU bias of (layer, direction) {i} must have shape [2, {G * U}] "
+                                     f"(reset_after=True), got {list(bias.shape)}")
+                b_in, b_rec = bias[0], bias[1]
+            else:
+                if list(bias.shape) != [G * U]:
+                    raise ValueError(f"Keras bias of (layer, direction) {i} must have shape [{G * U}], "
+                                     f"got {list(bias.shape)}")
+                b_in, b_rec = torch.zeros_like(bias), bias
+            staged.append((kernel, rec, b_in, b_rec))
+        for (W, R, _, bW, bR), (kernel, rec, b_in, b_rec) in zip(layers, staged):
+            for k, g in enumerate(order):
+                W[g].copy_(kernel[:, k * U:(k + 1) * U].t())
+                R[g].copy_(rec[:, k * U:(k + 1) * U].t())
+                bW[g].copy_(b_in[k * U:(k + 1) * U])
+                bR[g].copy_(b_rec[k * U:(k + 1) * U])
+
+    # -- TF 1.x checkpoints (tf.contrib.cudnn_rnn saveable format) -------------------------------------------
+
+    _tf_cell_name = ""
+
+    def _tf_prefix(self, pl: int, scope: str) -> str:
+        layer, d = pl // self.num_dirs, pl % self.num_dirs
+        if self.num_dirs == 1:
+            name = f"rnn/multi_rnn_cell/cell_{layer}/{self._tf_cell_name}"
+        else:
+            name = f"stack_bidirectional_rnn/cell_{layer}/bidirectional_rnn/{'bw' if d else 'fw'}/{self._tf_cell_name}"
+        return f"{scope}/{name}" if scope else name
+
+    def _tf_pseudo_layer(self, W, R, Pm, bW, bR) -> List[Tuple[str, Tensor, str]]:
+        """(name, tensor, kind) of one pseudo-layer in TF's saveable format (kind: weight or bias)."""
+        if self.rnn_mode == "gru":  # CudnnCompatibleGRUCell: gates = [reset | update], candidate kept apart
+            return [("gates/kernel", torch.cat([torch.cat([W[g], R[g]], 1) for g in (0, 1)], 0).t(), "weight"),
+                    ("candidate/input_projection/kernel", W[2].t(), "weight"),
+                    ("candidate/hidden_projection/kernel", R[2].t(), "weight"),
+                    ("gates/bias", torch.cat([bW[0] + bR[0], bW[1] + bR[1]]), "bias"),
+                    ("candidate/input_projection/bias", bW[2], "bias"),
+                    ("candidate/hidden_projection/bias", bR[2], "bias")]
+        order = [0, 2, 1, 3] if self.rnn_mode == "lstm" else [0]  # LSTM: cuDNN i, f, c, o -> TF i, c, f, o
+        out = [("kernel", torch.cat([torch.cat([W[g], R[g]], 1) for g in order], 0).t(), "weight")]
+        if Pm is not None:
+            out.append(("projection/kernel", Pm.t(), "weight"))
+        out.append(("bias", torch.cat([bW[g] + bR[g] for g in order]), "bias"))
+        return out
+
+    def tf_checkpoint_weights(self, scope: str = "") -> "dict[str, Tensor]":
+        """The tensors `tf.contrib.cudnn_rnn`'s saveable (CudnnLSTMSaveable / CudnnGRUSaveable /
+        CudnnRNNTanh/ReluSaveable) writes into a TF 1.x checkpoint, by variable name, in its order (all
+        weights, then all biases; layer by layer, forward then backward). Names are
+        `[scope/]rnn/multi_rnn_cell/cell_{l}/<cell>/...` (unidirectional) or
+        `[scope/]stack_bidirectional_rnn/cell_{l}/bidirectional_rnn/{fw,bw}/<cell>/...`, with <cell>
+        `cudnn_compatible_lstm_cell` (kernel `[in + O, 4H]` gates i, c, f, o; bias `[4H]`; projection/kernel
+        `[H, P]`), `cudnn_compatible_gru_cell` (gates/kernel `[in + H, 2H]` = [reset | update], gates/bias,
+        candidate/input_projection/{kernel, bias}, candidate/hidden_projection/{kernel, bias}) or
+        `basic_rnn_cell` (kernel `[in + H, H]`, bias). Biases b_W + b_R are saved summed, as TF does."""
+        self._check_linear_input("TF's canonical cells")
+        weights, biases = {}, {}
+        with torch.no_grad():
+            for pl, layer in enumerate(self._per_pseudo_layer()):
+                prefix = self._tf_prefix(pl, scope)
+                for name, t, kind in self._tf_pseudo_layer(*layer):
+                    (weights if kind == "weight" else biases)[f"{prefix}/{name}"] = t.clone()
+        return {**weights, **biases}
+
+    @torch.no_grad()
+    def load_tf_checkpoint_weights(self, tensors: Any, scope: str = "") -> None:
+        """Loads what `tf_checkpoint_weights` describes, from a mapping name -> array (e.g. read with
+        `tf.train.load_checkpoint(path).get_tensor`; pass the TF layer's scope). As TF's restore, summed
+        biases are split into two equal halves (b_W = b_R = bias / 2): the same function."""
+        self._check_linear_input("TF's canonical cells")
+        layers = self._per_pseudo_layer()
+        staged = []
+        for pl, layer in enumerate(layers):
+            prefix = self._tf_prefix(pl, scope)
+            for name, like, _ in self._tf_pseudo_layer(*layer):
+                key = f"{prefix}/{name}"
+                if key not in tensors:
+                    raise KeyError(f"TF checkpoint tensor {key!r} is missing")
+                t = _as_tensor(tensors[key], like)
+                if t.shape != like.shape:
+                    raise ValueError(f"TF checkpoint tensor {key!r} must have shape {list(like.shape)}, "
+                                     f"got {list(t.shape)}")
+                staged.append((pl, name, t))
+        got = {(pl, name): t for pl, name, t in staged}
+        G, H = self.num_gates, self.num_units
+        for pl, (W, R, Pm, bW, bR) in enumerate(layers):
+            win = W[0].shape[1]
+            if self.rnn_mode == "gru":
+                k = got[(pl, "gates/kernel")].t()
+                for j, g in enumerate((0, 1)):
+                    W[g].copy_(k[j * H:(j + 1) * H, :win])
+                    R[g].copy_(k[j * H:(j + 1) * H, win:])
+                    half = got[(pl, "gates/bias")][j * H:(j + 1) * H] * 0.5
+                    bW[g].copy_(half)
+                    bR[g].copy_(half)
+                W[2].copy_(got[(pl, "candidate/input_projection/kernel")].t())
+                R[2].copy_(got[(pl, "candidate/hidden_projection/kernel")].t())
+                bW[2].copy_(got[(pl, "candidate/input_projection/bias")])
+                bR[2].copy_(got[(pl, "candidate/hidden_projection/bias")])
+                continue
+            order = [0, 2, 1, 3] if self.rnn_mode == "lstm" else [0]
+            k = got[(pl, "kernel")].t()
+            for j, g in enumerate(order):
+                W[g].copy_(k[j * H:(j + 1) * H, :win])
+                R[g].copy_(k[j * H:(j + 1) * H, win:])
+                half = got[(pl, "bias")][j * H:(j + 1) * H] * 0.5
+                bW[g].copy_(half)
+                bR[g].copy_(half)
+            if Pm is not None:
+                Pm.copy_(got[(pl, "projection/kernel")].t())
+
+
+class CudnnLSTM(_CudnnRNN):
+    """Multi-layer LSTM with cuDNN's math (no peepholes, no forget bias, two bias sets) on the torchops
+    `cudnn_rnn_v3` op, like TF's `tf.contrib.cudnn_rnn.CudnnLSTM`; CPU and CUDA.
+
+    `CudnnLSTM(num_layers, num_units, input_size, direction="unidirectional", dropout=0.0, seed=0,
+    time_major=True, input_mode="linear_input", num_proj=None, init="glorot", device=None, dtype=None)`
+
+    `forward(input, initial_state=None, sequence_lengths=None) -> (outputs, (h, c))`:
+    input `[T, B, input_size]` (`[B, T, input_size]` with time_major=False); initial_state `(h0, c0)` with
+    `h0 [L*D, B, O]`, `c0 [L*D, B, num_units]` (O = num_proj or num_units; zeros when None; the same
+    layout for both time_major values, as torch.nn.LSTM); sequence_lengths `[B]` integers (unsorted,
+    zeros allowed): outputs at and past a sequence's length are 0 and its final state is taken at its
+    last valid step. outputs `[T, B, D*O]` (`[B, T, D*O]`).
+    """
+
+    rnn_mode = "lstm"
+    _torch_class = nn.LSTM
+    _tf_cell_name = "cudnn_compatible_lstm_cell"
+    _keras_gate_order = [0, 1, 2, 3]  # Keras i, f, c, o = cuDNN i, f, c, o
+
+    def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
+                 dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
+                 num_proj: Optional[int] = None, init: str = "glorot", device=None, dtype=None):
+        super().__init__(num_layers, num_units, input_size, direction=direction, dropout=dropout, seed=seed,
+                         time_major=time_major, input_mode=input_mode, num_proj=num_proj, init=init, device=device,
+                         dtype=dtype)
+
+    def forward(self, input: Tensor, initial_state: Optional[Tuple[Tensor, Tensor]] = None,
+                sequence_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        h0: Optional[Tensor] = None
+        c0: Optional[Tensor] = None
+        if initial_state is not None:
+            h0, c0 = initial_state
+        output, h, c = self._run(input, h0, c0, sequence_lengths)
+        return output, (h, c)
+
+    def _torch_kwargs(self) -> dict:
+        return {"proj_size": self.num_proj}
+
+    @classmethod
+    def _from_torch_kwargs(cls, rnn: nn.Module) -> dict:
+        return {"num_proj": rnn.proj_size or None}
+
+
+class CudnnGRU(_CudnnRNN):
+    """Multi-layer GRU with cuDNN's math (reset gate applied after the recurrent matmul, "linear before
+    reset": n = tanh(W_n x + b_Wn + r * (R_n h + b_Rn)), h' = (1 - z) n + z h; the same as torch.nn.GRU and
+    Keras GRU(reset_after=True)), like TF's `tf.contrib.cudnn_rnn.CudnnGRU`.
+
+    `forward(input, initial_state=None, sequence_lengths=None) -> (outputs, h)`; shapes as CudnnLSTM,
+    `initial_state` is `h0 [L*D, B, num_units]`.
+    """
+
+    rnn_mode = "gru"
+    _torch_class = nn.GRU
+    _tf_cell_name = "cudnn_compatible_gru_cell"
+    _keras_gate_order = [1, 0, 2]  # Keras z, r, h = cuDNN gates 1 (z), 0 (r), 2 (n)
+
+    def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
+                 dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
+                 init: str = "glorot", device=None, dtype=None):
+        super().__init__(num_layers, num_units, input_size, direction=direction, dropout=dropout, seed=seed,
+                         time_major=time_major, input_mode=input_mode, init=init, device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, initial_state: Optional[Tensor] = None,
+                sequence_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        output, h, _ = self._run(input, initial_state, None, sequence_lengths)
+        return output, h
+
+
+class _CudnnSimpleRNN(_CudnnRNN):
+    _torch_class = nn.RNN
+    _keras_gate_order = [0]
+    _tf_cell_name = "basic_rnn_cell"
+    _nonlinearity = ""
+
+    def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
+                 dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
+                 init: str = "glorot", device=None, dtype=None):
+        super().__init__(num_layers, num_units, input_size, direction=direction, dropout=dropout, seed=seed,
+                         time_major=time_major, input_mode=input_mode, init=init, device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, initial_state: Optional[Tensor] = None,
+                sequence_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        output, h, _ = self._run(input, initial_state, None, sequence_lengths)
+        return output, h
+
+    def _torch_kwargs(self) -> dict:
+        return {"nonlinearity": self._nonlinearity}
+
+    @classmethod
+    def _from_torch_kwargs(cls, rnn: nn.Module) -> dict:
+        if rnn.nonlinearity != cls._nonlinearity:
+            raise ValueError(f"{cls.__name__}.from_torch expects torch.nn.RNN(nonlinearity={cls._nonlinearity!r}), "
+                             f"got nonlinearity={rnn.nonlinearity!r}")
+        return {}
+
+
+class CudnnRNNTanh(_CudnnSimpleRNN):
+    """Multi-layer Elman RNN, h' = tanh(W x + b_W + R h + b_R), like TF's `CudnnRNNTanh` /
+    `torch.nn.RNN(nonlinearity="tanh")`. `forward(input, initial_state=None, sequence_lengths=None) ->
+    (outputs, h)`; shapes as CudnnGRU."""
+
+    rnn_mode = "rnn_tanh"
+    _nonlinearity = "tanh"
+
+
+class CudnnRNNRelu(_CudnnSimpleRNN):
+    """Multi-layer Elman RNN with ReLU, h' = relu(W x + b_W + R h + b_R), like TF's `CudnnRNNRelu` /
+    `torch.nn.RNN(nonlinearity="relu")`. `forward` as CudnnRNNTanh."""
+
+    rnn_mode = "rnn_relu"
+    _nonlinearity = "relu"
