@@ -3,3 +3,4 @@ so that torch.compile and torch.library.opcheck can trace the ops without runnin
 from . import fused_batch_norm  # noqa: F401
 from . import block_rnn  # noqa: F401
 from . import batching  # noqa: F401
+from . import accumulator  # noqa: F401

@@ -12,12 +12,14 @@ import torch
 import torchops  # noqa: F401  (loads the ops)
 
 from . import batching, block_rnn, fused_batch_norm
+from . import accumulator
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
     "bn": fused_batch_norm,
     "rnn": block_rnn,
     "batching": batching,
+    "accumulator": accumulator,
 }
 
 

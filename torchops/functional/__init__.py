@@ -2,6 +2,11 @@
 from .block_rnn import block_gru, block_lstm, block_lstm_v2, gru_block_cell, lstm_block_cell
 from .fused_batch_norm import fused_batch_norm
 from .batching import batch, unbatch, unbatch_grad
+from .accumulator import (accumulator_apply_gradient, accumulator_num_accumulated, accumulator_set_global_step,
+                          accumulator_take_gradient, sparse_accumulator_apply_gradient,
+                          sparse_accumulator_take_gradient)
 
 __all__ = ["fused_batch_norm", "gru_block_cell", "block_gru", "lstm_block_cell", "block_lstm", "block_lstm_v2", "batch",
            "unbatch", "unbatch_grad"]
+__all__ += ["accumulator_apply_gradient", "accumulator_take_gradient", "accumulator_num_accumulated",
+            "accumulator_set_global_step", "sparse_accumulator_apply_gradient", "sparse_accumulator_take_gradient"]
