@@ -109,6 +109,10 @@ def extension():
         # kernels run on one thread. libgomp.so.1 resolves to the copy torch has already loaded.
         cxx.append("-fopenmp")
         link.append("-fopenmp")
+        # Link the shared libstdc++ explicitly: a toolchain that links it statically (e.g. a gcc wrapper with
+        # -static-libstdc++) gives the library its own iostream code beside the process's, and every
+        # `ostream << integer` in it then crashes or prints nothing. check_shared_libstdcxx verifies the result.
+        link += ["-Wl,--push-state,--no-as-needed", "-lstdc++", "-Wl,--pop-state"]
     kwargs = dict(
         include_dirs=[os.path.join(ROOT, "csrc")],
         extra_compile_args={"cxx": cxx},
@@ -125,6 +129,29 @@ def extension():
     return CppExtension("torchops._C", sources, **kwargs)
 
 
+def _load_elf_reader():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("_torchops_elf", os.path.join(ROOT, "torchops", "_elf.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def check_shared_libstdcxx(path):
+    """Fail the build if the linked library does not depend on the shared libstdc++ (see extension())."""
+    if sys.platform.startswith("linux"):
+        error = _load_elf_reader().static_libstdcxx_error(path, os.environ.get("CXX", "c++"))
+        if error:
+            sys.exit(error)
+
+
+class BuildTorchops(BuildExtension.with_options(no_python_abi_suffix=True)):
+    def build_extension(self, ext):
+        super().build_extension(ext)
+        check_shared_libstdcxx(self.get_ext_fullpath(ext.name))
+
+
 write_build_info()
 
 setup(
@@ -134,7 +161,7 @@ setup(
     packages=find_packages(include=["torchops", "torchops.*"]),
     package_data={"torchops.bench": ["*.cpp"]},  # the batching benchmark's libtorch client driver
     ext_modules=[extension()],
-    cmdclass={"build_ext": BuildExtension.with_options(no_python_abi_suffix=True)},
+    cmdclass={"build_ext": BuildTorchops},
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
 )

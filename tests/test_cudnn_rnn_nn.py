@@ -837,3 +837,22 @@ def test_layout_agrees_with_the_ops(mode, input_mode):
             assert x.shape == y.shape and torch.equal(x, y)
         assert torch.equal(ops.cudnn_rnn_canonical_to_params_v2(3, 5, 5, [t.detach() for t in w],
                                                                 [t.detach() for t in b], **attrs), m.params.detach())
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_torch_compile_fullgraph_matches_eager(mode):
+    torch.manual_seed(22)
+    kw = {"num_proj": 2} if mode == "lstm" else {}
+    m = CLASSES[mode](2, 4, 3, direction="bidirectional", time_major=False, dtype=F64, **kw)
+    compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+    x = torch.randn(2, 5, 3, dtype=F64)
+    lengths = torch.tensor([5, 3])
+    res = []
+    for fn in (m, compiled):
+        xi = x.clone().requires_grad_()
+        m.zero_grad()
+        y, h, _ = run(fn, xi, None, lengths) if fn is m else _run_scripted(fn, mode, xi, lengths)
+        (y.sum() + h.sum()).backward()
+        res.append((y, h, xi.grad, m.params.grad.clone()))
+    for a, b in zip(*res):
+        close(a, b)

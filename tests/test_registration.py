@@ -10,7 +10,8 @@ ALL_OPS = sorted(n for n in torch._C._dispatch_get_all_op_names() if n.startswit
 
 
 def returns_tensors(name):
-    schema = torch._C._get_schema(name, "")
+    base, _, overload = name.partition(".")  # (overloaded ops are listed as name.overload)
+    schema = torch._C._get_schema(base, overload)
     return any("Tensor" in str(r.type) for r in schema.returns)
 
 

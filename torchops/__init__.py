@@ -12,6 +12,8 @@ library_path = _loader.load()
 from . import _fake  # noqa: E402,F401  (registers fake kernels)
 from . import autograd, functional, nn  # noqa: E402,F401
 from . import batching  # noqa: E402,F401
+from . import accumulator, optim  # noqa: E402,F401
+from .accumulator import ConditionalAccumulator, SparseConditionalAccumulator  # noqa: E402,F401
 
 __version__ = "0.1.0"
 

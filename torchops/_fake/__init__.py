@@ -4,3 +4,4 @@ from . import fused_batch_norm  # noqa: F401
 from . import block_rnn  # noqa: F401
 from . import batching  # noqa: F401
 from . import cudnn_rnn  # noqa: F401
+from . import accumulator  # noqa: F401

@@ -37,6 +37,23 @@ def side_by_side(ours: Callable[[], object], native: Callable[[], object], devic
     return statistics.median(a), statistics.median(b)
 
 
+def compare(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,
+            min_time: float = 0.3) -> dict:
+    """side_by_side, plus the spread of the per-round ratio (min / median / max): one median hides how far
+    single rounds wander on a noisy machine."""
+    a, b = [], []
+    for _ in range(rounds):
+        a.append(median_seconds(ours, device, min_time))
+        b.append(median_seconds(native, device, min_time))
+    ratios = [x / y for x, y in zip(a, b)]
+    t_ours, t_nat = statistics.median(a), statistics.median(b)
+    return {"torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat,
+            "ratio_min": min(ratios), "ratio_med": statistics.median(ratios), "ratio_max": max(ratios)}
+
+
+RATIO_COLUMNS = ["ratio", "ratio_min", "ratio_med", "ratio_max"]
+
+
 def print_table(title: str, rows: List[dict], columns: List[str]) -> None:
     print(f"\n== {title}")
     widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]

@@ -8,7 +8,7 @@ to every input and parameter. float32.
 """
 import torch
 
-from ._timing import print_table, side_by_side
+from ._timing import RATIO_COLUMNS, compare, print_table
 
 CELL_SHAPES = [(64, 256, 256), (256, 512, 512)]
 SEQ_SHAPES = [(50, 32, 128, 256)]
@@ -72,8 +72,7 @@ def run(args):
     rows = []
     min_time = 0.1 if args.quick else 0.3
     for name, ours, native in _cases(device):
-        t_ours, t_nat = side_by_side(ours, native, device, rounds=1 if args.quick else 3, min_time=min_time)
-        rows.append({"case": name, "torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat})
+        rows.append({"case": name, **compare(ours, native, device, rounds=1 if args.quick else 5, min_time=min_time)})
     print_table("block_rnn (float32): torchops vs PyTorch (composed ops / nn.LSTM / nn.GRU)", rows,
-                ["case", "torchops_ms", "native_ms", "ratio"])
+                ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS)
     return rows

@@ -5,7 +5,7 @@ inference forward must move), so `clone/native` is the best ratio a single pass 
 """
 import torch
 
-from ._timing import median_seconds, print_table, side_by_side
+from ._timing import RATIO_COLUMNS, compare, median_seconds, print_table
 
 SHAPES = [(32, 64, 56, 56), (64, 256, 14, 14)]
 
@@ -45,18 +45,18 @@ def run(args):
     min_time = 0.1 if args.quick else 0.3
     floors = []
     for shape, layout, what, ours, native, nbytes, floor in _cases(device, torch.float32):
-        t_ours, t_nat = side_by_side(ours, native, device, rounds=1 if args.quick else 3, min_time=min_time)
-        rows.append({"case": f"{what} {tuple(shape)} {layout}", "torchops_ms": t_ours * 1e3,
-                     "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat, "torchops_GB/s": nbytes / t_ours / 1e9,
-                     "native_GB/s": nbytes / t_nat / 1e9})
+        r = compare(ours, native, device, rounds=1 if args.quick else 5, min_time=min_time)
+        rows.append({"case": f"{what} {tuple(shape)} {layout}", **r,
+                     "torchops_GB/s": nbytes / r["torchops_ms"] / 1e6, "native_GB/s": nbytes / r["native_ms"] / 1e6})
         if floor is not None:
             floors.append((rows[-1], floor))
     # The clone floors after all comparisons, so that their allocations do not change the heap state the
     # comparisons above run in (glibc trimming; docs/fused_batch_norm.md).
     for row, floor in floors:
         t_floor = median_seconds(floor, device, min_time)
-        row.update({"clone_ms": t_floor * 1e3, "clone/native": t_floor * 1e3 / row["native_ms"]})
+        row.update({"clone_ms": t_floor * 1e3, "clone/native": t_floor * 1e3 / row["native_ms"],
+                    "torchops/clone": row["torchops_ms"] / (t_floor * 1e3)})
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
-                ["case", "torchops_ms", "native_ms", "ratio", "torchops_GB/s", "native_GB/s", "clone_ms",
-                 "clone/native"])
+                ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS + ["torchops_GB/s", "native_GB/s", "clone_ms",
+                                                                     "clone/native", "torchops/clone"])
     return rows

@@ -1,0 +1,71 @@
+"""The built library itself: it must use the process's shared libstdc++ (issue: a statically linked copy made
+every number vanish from, or crash, the library's error messages)."""
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import torchops
+from torchops import _elf
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF check (Linux)")
+def test_library_links_shared_libstdcxx():
+    needed = _elf.needed_libraries(torchops.library_path)
+    assert any(n.startswith("libstdc++.so") for n in needed), needed
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="ELF check (Linux)")
+def test_elf_reader_reads_torch_library():
+    lib = os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so")
+    needed = _elf.needed_libraries(lib)
+    assert any(n.startswith("libc.so") for n in needed), needed
+
+
+def test_elf_reader_rejects_non_elf(tmp_path):
+    p = tmp_path / "x.so"
+    p.write_bytes(b"not an elf file")
+    with pytest.raises(ValueError, match="not an ELF file"):
+        _elf.needed_libraries(str(p))
+
+
+def test_numbers_survive_in_error_messages():
+    # With a static libstdc++ copy, `ostream << integer` printed nothing (or crashed): the shape would vanish.
+    with pytest.raises(RuntimeError, match=r"got shape \[2, 3\]"):
+        torch.ops.torchops.fused_batch_norm_v3(torch.ones(2, 3), torch.ones(3), torch.zeros(3), torch.zeros(3),
+                                               torch.ones(3))
+
+
+def test_numbers_survive_in_ostringstream_output():
+    # batching.stats() is JSON built with std::ostringstream in the library.
+    x = torch.ones(1, 2)
+    torchops.functional.batch([x], num_batch_threads=1, max_batch_size=4, batch_timeout_micros=0,
+                              grad_timeout_micros=0, shared_name="test_build_stats")
+    try:
+        s = torchops.batching.stats("test_build_stats")
+        assert s["tasks"] >= 1 and isinstance(s["batches_formed"], int)
+    finally:
+        torchops.batching.close_all()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("g++") is None, reason="needs Linux and g++")
+@pytest.mark.parametrize("explicit_link", [False, True])
+def test_static_libstdcxx_detected_and_fixed_by_explicit_link(tmp_path, explicit_link):
+    # What setup.py does after linking, on a small library linked the way the GPU machine's default CXX links:
+    # -static-libstdc++ alone is refused; setup.py's explicit shared -lstdc++ (before the driver's static one) fixes it.
+    src = tmp_path / "t.cpp"
+    src.write_text("#include <sstream>\n#include <string>\n"
+                   "std::string f(long x) { std::ostringstream s; s << x; return s.str(); }\n")
+    lib = tmp_path / "t.so"
+    cmd = ["g++", "-shared", "-fPIC", str(src), "-o", str(lib), "-static-libstdc++"]
+    if explicit_link:
+        cmd += ["-Wl,--push-state,--no-as-needed", "-lstdc++", "-Wl,--pop-state"]
+    subprocess.run(cmd, check=True)
+    error = _elf.static_libstdcxx_error(str(lib), "g++ -static-libstdc++")
+    if explicit_link:
+        assert error is None
+    else:
+        assert error is not None and "CXX=g++ -static-libstdc++" in error and "CXX=/usr/bin/g++" in error
