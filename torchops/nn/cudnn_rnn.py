@@ -229,6 +229,9 @@ class _CudnnRNN(nn.Module):
             c = self._state(c0, input, B, self.num_units, "initial c state")
         else:
             c = torch.zeros([], dtype=input.dtype, device=input.device)  # ignored by the op for non-LSTM modes
+        if not torch.jit.is_scripting():
+            if isinstance(sequence_lengths, (list, tuple)):  # eager convenience, as pack_padded_sequence
+                sequence_lengths = torch.tensor(sequence_lengths, dtype=torch.int64)
         if sequence_lengths is None:
             lengths = torch.full([B], T, dtype=torch.int32)
         else:
@@ -540,8 +543,8 @@ class CudnnLSTM(_CudnnRNN):
     input `[T, B, input_size]` (`[B, T, input_size]` with time_major=False); initial_state `(h0, c0)` with
     `h0 [L*D, B, O]`, `c0 [L*D, B, num_units]` (O = num_proj or num_units; zeros when None; the same
     layout for both time_major values, as torch.nn.LSTM); sequence_lengths `[B]` integers (unsorted,
-    zeros allowed): outputs at and past a sequence's length are 0 and its final state is taken at its
-    last valid step. outputs `[T, B, D*O]` (`[B, T, D*O]`).
+    zeros allowed; a Python list also works outside TorchScript): outputs at and past a sequence's length
+    are 0 and its final state is taken at its last valid step. outputs `[T, B, D*O]` (`[B, T, D*O]`).
     """
 
     rnn_mode = "lstm"
