@@ -13,6 +13,7 @@ import torchops  # noqa: F401  (loads the ops)
 
 from . import batching, block_rnn, fused_batch_norm
 from . import cudnn_rnn
+from . import cudnn_rnn_nn
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
@@ -20,6 +21,7 @@ FAMILIES = {
     "rnn": block_rnn,
     "batching": batching,
     "cudnn_rnn": cudnn_rnn,
+    "cudnn_rnn_nn": cudnn_rnn_nn,
 }
 
 
