@@ -341,7 +341,7 @@ struct PlParams {
 PlParams pl_params(const Cfg& c, const Layout& lay, const Tensor& p, int64_t pl) {
   const int64_t l = pl / c.D, in = in_width(c, l), GH = c.G * c.H;
   PlParams v;
-  if (in > 0) v.W = p.narrow(0, lay.w_off[pl], GH * in).view({GH, in});
+  if (!(c.skip && l == 0)) v.W = p.narrow(0, lay.w_off[pl], GH * in).view({GH, in});  // (in may be 0)
   v.R = p.narrow(0, lay.r_off[pl], GH * c.O).view({GH, c.O});
   if (c.P > 0) v.Pm = p.narrow(0, lay.p_off[pl], c.P * c.H).view({c.P, c.H});
   if (!(c.skip && l == 0)) v.bW = p.narrow(0, lay.bw_off[pl], GH);
@@ -525,7 +525,7 @@ bool use_onednn(const Cfg& c, const Kernels& k, at::ScalarType dt, bool is_train
     return e == nullptr || std::string(e) != "0";
   }();
   return enabled && k.device == c10::DeviceType::CPU && !is_training && c.mode == kLstm && c.P == 0 && !c.skip &&
-         !lens.defined() && dt == at::kFloat && c.B > 0 && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
+         !lens.defined() && dt == at::kFloat && c.B > 0 && c.I > 0 && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
 }
 
 void onednn_lstm_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0, const Tensor& c0,

@@ -858,6 +858,30 @@ def test_empty_batch():
     assert torch.all(pr.grad == 0)
 
 
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_zero_input_size(mode):
+    # input_size 0: W regions are [H, 0]; equals input_size 1 with x = 0
+    h, layers = 4, 2
+    x0 = torch.zeros(3, 2, 0, dtype=torch.float64)
+    h0, c0 = states(mode, layers, 2, 2, h, h)
+    p1 = torch.randn(F.cudnn_rnn_params_size(layers, h, 1, rnn_mode=mode, direction="bidirectional").item(),
+                     dtype=torch.float64)
+    n = 2 * G[mode] * 2 * layers
+    ws, bs = F.cudnn_rnn_params_to_canonical(layers, h, 1, p1, n, mode, direction="bidirectional")
+    g = G[mode]
+    ws0 = [w[:, :0] if k % (2 * g) < g and k < 4 * g else w for k, w in enumerate(ws)]
+    p0 = torch.cat([w.reshape(-1) for w in ws0] + bs).requires_grad_()
+    for is_training in (True, False):
+        y0 = ops.cudnn_rnn(x0, h0, c0, p0, mode, "linear_input", "bidirectional", 0.0, 0, 0, is_training)
+        y1 = ops.cudnn_rnn(torch.zeros(3, 2, 1, dtype=torch.float64), h0, c0, p1, mode, "linear_input",
+                           "bidirectional", 0.0, 0, 0, is_training)
+        for a, b in zip(y0[:3], y1[:3]):
+            torch.testing.assert_close(a, b)
+    out = ops.cudnn_rnn(x0, h0, c0, p0, mode, "linear_input", "bidirectional")
+    out[0].sum().backward()
+    assert p0.grad.shape == p0.shape and torch.isfinite(p0.grad).all()
+
+
 # ------------------------------------------------------------------------------------------ opcheck / compile
 def _opcheck_cases():
     m = torch_module("lstm", 3, 4, 2, True, dtype=torch.float32)
