@@ -163,7 +163,18 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
       .def("shape", [](const Dense& self) { return declared_shape(self); })
       .def("container", [](const Dense& self) { return self->container; })
       .def("shared_name", [](const Dense& self) { return self->shared_name; })
-      .def("reduction_type", [](const Dense& self) { return self->reduction_type; });
+      .def("reduction_type", [](const Dense& self) { return self->reduction_type; })
+      // Serialization (torch.jit.save of a module holding one): the creation arguments, not the state; loading
+      // creates the accumulator again (a shared one is found by its name if it exists in the process).
+      .def_pickle(
+          [](const Dense& self) {
+            return std::make_tuple(static_cast<int64_t>(self->core->dtype), declared_shape(self), self->container,
+                                   self->shared_name, self->reduction_type);
+          },
+          [](std::tuple<int64_t, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string> s) {
+            return c10::make_intrusive<ConditionalAccumulator>(static_cast<c10::ScalarType>(std::get<0>(s)), std::get<1>(s),
+                                                    std::get<2>(s), std::get<3>(s), std::get<4>(s));
+          });
 
   m.class_<SparseConditionalAccumulator>("SparseConditionalAccumulator")
       .def(torch::init<c10::ScalarType, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string>(),
@@ -195,7 +206,18 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
       .def("shape", [](const Sparse& self) { return declared_shape(self); })
       .def("container", [](const Sparse& self) { return self->container; })
       .def("shared_name", [](const Sparse& self) { return self->shared_name; })
-      .def("reduction_type", [](const Sparse& self) { return self->reduction_type; });
+      .def("reduction_type", [](const Sparse& self) { return self->reduction_type; })
+      // Serialization (torch.jit.save of a module holding one): the creation arguments, not the state; loading
+      // creates the accumulator again (a shared one is found by its name if it exists in the process).
+      .def_pickle(
+          [](const Sparse& self) {
+            return std::make_tuple(static_cast<int64_t>(self->core->dtype), declared_shape(self), self->container,
+                                   self->shared_name, self->reduction_type);
+          },
+          [](std::tuple<int64_t, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string> s) {
+            return c10::make_intrusive<SparseConditionalAccumulator>(static_cast<c10::ScalarType>(std::get<0>(s)), std::get<1>(s),
+                                                    std::get<2>(s), std::get<3>(s), std::get<4>(s));
+          });
 
   // CONSERVATIVE: ops without outputs (or whose result depends on hidden state) must not be dropped or
   // reordered by TorchScript.

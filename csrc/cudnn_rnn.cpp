@@ -11,6 +11,7 @@
 #include "rnn_util.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
@@ -18,6 +19,7 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
+#include <ATen/ops/mkldnn_rnn_layer.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
@@ -26,6 +28,7 @@
 #include <torch/library.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -338,7 +341,7 @@ struct PlParams {
 PlParams pl_params(const Cfg& c, const Layout& lay, const Tensor& p, int64_t pl) {
   const int64_t l = pl / c.D, in = in_width(c, l), GH = c.G * c.H;
   PlParams v;
-  if (in > 0) v.W = p.narrow(0, lay.w_off[pl], GH * in).view({GH, in});
+  if (!(c.skip && l == 0)) v.W = p.narrow(0, lay.w_off[pl], GH * in).view({GH, in});  // (in may be 0)
   v.R = p.narrow(0, lay.r_off[pl], GH * c.O).view({GH, c.O});
   if (c.P > 0) v.Pm = p.narrow(0, lay.p_off[pl], c.P * c.H).view({c.P, c.H});
   if (!(c.skip && l == 0)) v.bW = p.narrow(0, lay.bw_off[pl], GH);
@@ -512,6 +515,39 @@ void backward_core(const Cfg& c, const Layout& lay, const Tensor& x, const Tenso
   }
 }
 
+// CPU float32 lstm inference through oneDNN's fused LSTM primitive (at::mkldnn_rnn_layer, what
+// torch.nn.LSTM runs on the CPU): its packed weights and fused cell beat per-step MKL GEMMs. Same math;
+// only where it has no gap (no projection, skip_input, masking or training; TORCHOPS_CPU_ONEDNN_RNN=0
+// turns it off).
+bool use_onednn(const Cfg& c, const Kernels& k, at::ScalarType dt, bool is_training, const Tensor& lens) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("TORCHOPS_CPU_ONEDNN_RNN");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  return enabled && k.device == c10::DeviceType::CPU && !is_training && c.mode == kLstm && c.P == 0 && !c.skip &&
+         !lens.defined() && dt == at::kFloat && c.B > 0 && c.I > 0 && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
+}
+
+void onednn_lstm_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0, const Tensor& c0,
+                         const Tensor& p, Tensor& out, const Tensor& hN, const Tensor& cN) {
+  Tensor layer_in = x;
+  for (int64_t l = 0; l < c.L; ++l) {
+    std::vector<Tensor> outs;
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t pl = l * c.D + d;
+      const PlParams w = pl_params(c, lay, p, pl);
+      auto r = at::mkldnn_rnn_layer(layer_in, w.W, w.R, w.bW, w.bR, h0.select(0, pl), c0.select(0, pl), d == 1, {},
+                                    /*mode=lstm*/ 2, c.H, c.L, /*has_biases=*/true, c.D == 2, /*batch_first=*/false,
+                                    /*train=*/false);
+      outs.push_back(std::get<0>(r));
+      hN.select(0, pl).copy_(std::get<1>(r).view({c.B, c.H}));
+      cN.select(0, pl).copy_(std::get<2>(r).view({c.B, c.H}));
+    }
+    layer_in = c.D == 1 ? outs[0] : at::cat(outs, 2);
+  }
+  out = layer_in.contiguous();
+}
+
 Tensor to_tm(const Tensor& t, bool tm) { return tm ? t : t.transpose(0, 1); }
 Tensor prep(const Tensor& t, bool tm, at::ScalarType cdt) { return to_tm(t, tm).to(cdt).contiguous(); }
 Tensor finish(const Tensor& t, bool tm, at::ScalarType dt) { return tm ? t.to(dt) : t.transpose(0, 1).to(dt).contiguous(); }
@@ -535,6 +571,13 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   const Tensor c0 = c.mode == kLstm ? prep(input_c, tm, cdt) : Tensor();
   const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
   const Tensor lens = prepare_lens(sequence_lengths, c, input.device());
+  if (use_onednn(c, k, dt, is_training, lens)) {
+    Tensor out;
+    const Tensor hN = at::empty({c.L * c.D, c.B, c.O}, copts), cN = at::empty({c.L * c.D, c.B, c.H}, copts);
+    onednn_lstm_forward(c, lay, x, h0, c0, p, out, hN, cN);
+    return {finish(out, tm, dt), finish(hN, tm, dt), finish(cN, tm, dt), at::empty({0}, input.options()),
+            at::empty({0}, input.options().dtype(at::kChar))};
+  }
   const bool has_mask = is_training && dropout > 0.0 && c.L > 1;
   const int64_t total = reserve_elems(c, has_mask, cdt);
   Tensor buf = at::empty({total}, copts);

@@ -817,6 +817,35 @@ def test_scripted_module_holding_an_accumulator():
     assert m.acc.stats()["takes"] == 1
 
 
+def test_scripted_module_save_load(tmp_path):
+    m = torch.jit.script(_ScriptedAccumulating())
+    path = str(tmp_path / "acc.pt")
+    m.save(path)
+    loaded = torch.jit.load(path)
+    assert loaded(torch.ones(3)).tolist() == [3.0, 3.0, 3.0]
+    assert loaded.acc.reduction_type() == "SUM" and loaded.acc.shape() == [3]
+    s = SparseConditionalAccumulator(torch.float64, shape=[None, 2], shared_name="test_save_load_sparse")
+    h = torch.jit.load(_save_holder(s.handle, tmp_path)).h
+    assert h.shared_name() == "test_save_load_sparse" and h.shape() == [-1, 2]
+    h.apply_grad(0, torch.tensor([1]), torch.ones(1, 2, dtype=torch.float64), None)
+    assert s.num_accumulated() == 1  # found the shared accumulator by its name
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self, h):
+        super().__init__()
+        self.h = h
+
+    def forward(self) -> int:
+        return self.h.num_accumulated()
+
+
+def _save_holder(h, tmp_path):
+    path = str(tmp_path / "holder.pt")
+    torch.jit.script(_Holder(h)).save(path)
+    return path
+
+
 def test_close_all():
     a = ConditionalAccumulator(torch.float32, shape=[1], shared_name="test_close_all")
     p = SparseConditionalAccumulator(torch.float32)

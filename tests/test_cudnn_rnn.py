@@ -760,6 +760,27 @@ def test_low_precision_dtypes(dtype, mode):
     torch.testing.assert_close(cast[2].grad.double(), pr.grad, rtol=gtol, atol=gtol * 5)
 
 
+@pytest.mark.parametrize("bi", [False, True])
+@pytest.mark.parametrize("time_major", [True, False])
+def test_float32_lstm_inference_matches_training_forward(bi, time_major):
+    # CPU float32 lstm inference runs oneDNN's fused LSTM (when available); training runs torchops' own loop.
+    m = torch_module("lstm", 5, 8, 2, bi, dtype=torch.float32)
+    p = params_of(m).detach()
+    x = torch.randn(6, 3, 5)
+    h0, c0 = states("lstm", 2, 2 if bi else 1, 3, 8, 8, dtype=torch.float32)
+    if not time_major:
+        x, h0, c0 = x.transpose(0, 1), h0.transpose(0, 1), c0.transpose(0, 1)
+    inf = ours(x, h0, c0, p, "lstm", bi, time_major=time_major, is_training=False)
+    train = ours(x, h0, c0, p, "lstm", bi, time_major=time_major, is_training=True)
+    assert inf[3].shape == (0,)
+    for a, b in zip(inf[:3], train[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        y_ref = m(x if time_major else x.transpose(0, 1), (h0 if time_major else h0.transpose(0, 1).contiguous(),
+                                                           c0 if time_major else c0.transpose(0, 1).contiguous()))[0]
+    torch.testing.assert_close(inf[0], y_ref if time_major else y_ref.transpose(0, 1), rtol=1e-5, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------ validation
 def valid(mode="lstm", t=3, b=2, i=4, h=5, layers=1, bi=False):
     d = 2 if bi else 1
@@ -835,6 +856,30 @@ def test_empty_batch():
     pr = p.clone().requires_grad_()
     ops.cudnn_rnn(xr, h0, c0, pr)[0].sum().backward()
     assert torch.all(pr.grad == 0)
+
+
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_zero_input_size(mode):
+    # input_size 0: W regions are [H, 0]; equals input_size 1 with x = 0
+    h, layers = 4, 2
+    x0 = torch.zeros(3, 2, 0, dtype=torch.float64)
+    h0, c0 = states(mode, layers, 2, 2, h, h)
+    p1 = torch.randn(F.cudnn_rnn_params_size(layers, h, 1, rnn_mode=mode, direction="bidirectional").item(),
+                     dtype=torch.float64)
+    n = 2 * G[mode] * 2 * layers
+    ws, bs = F.cudnn_rnn_params_to_canonical(layers, h, 1, p1, n, mode, direction="bidirectional")
+    g = G[mode]
+    ws0 = [w[:, :0] if k % (2 * g) < g and k < 4 * g else w for k, w in enumerate(ws)]
+    p0 = torch.cat([w.reshape(-1) for w in ws0] + bs).requires_grad_()
+    for is_training in (True, False):
+        y0 = ops.cudnn_rnn(x0, h0, c0, p0, mode, "linear_input", "bidirectional", 0.0, 0, 0, is_training)
+        y1 = ops.cudnn_rnn(torch.zeros(3, 2, 1, dtype=torch.float64), h0, c0, p1, mode, "linear_input",
+                           "bidirectional", 0.0, 0, 0, is_training)
+        for a, b in zip(y0[:3], y1[:3]):
+            torch.testing.assert_close(a, b)
+    out = ops.cudnn_rnn(x0, h0, c0, p0, mode, "linear_input", "bidirectional")
+    out[0].sum().backward()
+    assert p0.grad.shape == p0.shape and torch.isfinite(p0.grad).all()
 
 
 # ------------------------------------------------------------------------------------------ opcheck / compile

@@ -410,9 +410,10 @@ def test_variable_lengths_match_torch_packed_sequences(mode, D, batch_first):
     if mode.startswith("rnn"):
         kw["nonlinearity"] = ref.nonlinearity
     close(m.params.grad, grads_as_params(CLASSES[mode], ref, **kw))
-    # int64 lengths, and lengths given as all-T equal the default
+    # int64 lengths, a Python list, and lengths given as all-T equal the default
     y64 = run(m, x, state, lengths)[0]
     close(y64, y.detach())
+    close(run(m, x, state, lengths.tolist())[0], y.detach())
     full = torch.full([B], T)
     close(run(m, x, state, full)[0], run(m, x, state)[0])
 

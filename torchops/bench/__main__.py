@@ -18,6 +18,7 @@ import torchops  # noqa: F401  (loads the ops)
 from . import batching, block_rnn, fused_batch_norm
 from . import cudnn_rnn
 from . import accumulator
+from . import cudnn_rnn_nn
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
@@ -26,6 +27,7 @@ FAMILIES = {
     "batching": batching,
     "cudnn_rnn": cudnn_rnn,
     "accumulator": accumulator,
+    "cudnn_rnn_nn": cudnn_rnn_nn,
 }
 
 

@@ -100,6 +100,8 @@ def run(args):
     for name, ours, native in _cases(device, args.quick):
         t_ours, t_nat = side_by_side(ours, native, device, rounds=1 if args.quick else 3, min_time=min_time)
         rows.append({"case": name, "torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat})
+        if getattr(args, "verbose", False):  # (progress: the full run takes minutes on two cores)
+            print(f"  {name}: {t_ours * 1e3:.2f} ms vs {t_nat * 1e3:.2f} ms, ratio {t_ours / t_nat:.3f}", flush=True)
     print_table("cudnn_rnn (float32): torchops vs torch.nn.LSTM / torch.nn.GRU", rows,
                 ["case", "torchops_ms", "native_ms", "ratio"])
     return rows

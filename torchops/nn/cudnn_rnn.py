@@ -206,13 +206,16 @@ class _CudnnRNN(nn.Module):
     # -- forward --------------------------------------------------------------------------------------------
 
     def _state(self, state: Optional[Tensor], input: Tensor, batch: int, width: int, name: str) -> Tensor:
+        """The initial state in the op's layout: [L*D, B, n], or [B, L*D, n] with time_major=False (spec rule
+        14); the module itself always takes torch's and TF's layer convention, [L*D, B, n]."""
         n = self.num_layers * self.num_dirs
         if state is None:
-            return torch.zeros([n, batch, width], dtype=input.dtype, device=input.device)
+            shape = [n, batch, width] if self.time_major else [batch, n, width]
+            return torch.zeros(shape, dtype=input.dtype, device=input.device)
         if state.dim() != 3 or state.size(0) != n or state.size(1) != batch or state.size(2) != width:
             raise ValueError(f"{name} must have shape [num_layers * num_dirs, batch, {width}] = "
                              f"[{n}, {batch}, {width}], got {list(state.shape)}")
-        return state
+        return state if self.time_major else state.transpose(0, 1)
 
     def _run(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
              sequence_lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
@@ -229,6 +232,9 @@ class _CudnnRNN(nn.Module):
             c = self._state(c0, input, B, self.num_units, "initial c state")
         else:
             c = torch.zeros([], dtype=input.dtype, device=input.device)  # ignored by the op for non-LSTM modes
+        if not torch.jit.is_scripting():
+            if isinstance(sequence_lengths, (list, tuple)):  # eager convenience, as pack_padded_sequence
+                sequence_lengths = torch.tensor(sequence_lengths, dtype=torch.int64)
         if sequence_lengths is None:
             lengths = torch.full([B], T, dtype=torch.int32)
         else:
@@ -238,12 +244,6 @@ class _CudnnRNN(nn.Module):
             if sequence_lengths.is_floating_point() or sequence_lengths.is_complex():
                 raise ValueError(f"sequence_lengths must hold integers, got dtype {sequence_lengths.dtype}")
             lengths = sequence_lengths.to(torch.int32)
-        if not self.time_major:
-            # The op's batch-major states are genuinely [B, L*D, n] (spec rule 14); the module keeps torch's
-            # and TF's layer convention, [L*D, B, n], in both layouts.
-            h = h.transpose(0, 1)
-            if self.rnn_mode == "lstm":
-                c = c.transpose(0, 1)
         # Dropout only in training; the op's is_training also decides whether it keeps what the backward
         # needs, so eval-mode calls that need gradients still run with is_training=True (and no dropout).
         needs_grad = torch.is_grad_enabled() and (input.requires_grad or self.params.requires_grad
@@ -540,8 +540,8 @@ class CudnnLSTM(_CudnnRNN):
     input `[T, B, input_size]` (`[B, T, input_size]` with time_major=False); initial_state `(h0, c0)` with
     `h0 [L*D, B, O]`, `c0 [L*D, B, num_units]` (O = num_proj or num_units; zeros when None; the same
     layout for both time_major values, as torch.nn.LSTM); sequence_lengths `[B]` integers (unsorted,
-    zeros allowed): outputs at and past a sequence's length are 0 and its final state is taken at its
-    last valid step. outputs `[T, B, D*O]` (`[B, T, D*O]`).
+    zeros allowed; a Python list also works outside TorchScript): outputs at and past a sequence's length
+    are 0 and its final state is taken at its last valid step. outputs `[T, B, D*O]` (`[B, T, D*O]`).
     """
 
     rnn_mode = "lstm"
