@@ -81,8 +81,8 @@ def main(argv=None) -> int:
                             target=args.target, max_steps=args.steps, seed=args.seed)
     try:
         res = train.train(cfg, train_set, test_set)
-    except (RuntimeError, ValueError) as e:
-        fail(f"training: {e}")
+    except (RuntimeError, ValueError, TimeoutError) as e:
+        fail(f"training: {type(e).__name__}: {e}")
     print(f"trained: {res.global_steps} global steps in {res.seconds:.1f} s ({res.mode}), test accuracy "
           f"{res.test_acc:.4f}, stale gradients dropped: {res.stale}", flush=True)
     if res.test_acc < args.target:

@@ -3,7 +3,9 @@ torchops.optim.SyncReplicasOptimizer (ConditionalAccumulator underneath) with
 replicas_to_aggregate = K - 1, until the test accuracy reaches the target."""
 import copy
 import functools
+import io
 import math
+import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -89,9 +91,14 @@ class Progress:
             if loss is not None:
                 self.bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
 
+    @staticmethod
+    def line(rec: dict) -> str:
+        stale = f"  stale {rec['stale']}" if "stale" in rec else ""
+        return (f"epoch {rec['epoch']:3d}  global step {rec['step']:5d}  train loss {rec['loss']:.4f}  "
+                f"test accuracy {rec['test_acc']:.4f}{stale}  ({rec['seconds']:.1f} s)")
+
     def epoch(self, rec: dict) -> None:
-        line = (f"epoch {rec['epoch']:3d}  global step {rec['step']:5d}  train loss {rec['loss']:.4f}  "
-                f"test accuracy {rec['test_acc']:.4f}  ({rec['seconds']:.1f} s)")
+        line = self.line(rec)
         if self.bar is not None:
             self.bar.write(line)
         elif not self.quiet:
@@ -137,27 +144,65 @@ def worker_batches(train_set, cfg: TrainConfig, num_steps: int) -> List[ShardBat
     return out
 
 
-class _TargetReached(Exception):
-    """Raised from the chief's on_step callback to end training early (the driver stops every worker)."""
+class TrainingDone(Exception):
+    """Raised by the chief's on_step callback at the last evaluation (target reached, or the step budget
+    spent) to end training and carry the results out of the chief (which, with --processes, runs in the
+    parameter-server process: the driver re-raises its exception in this one). args[0]: dict with
+    "history", "step", "stale" and "state" (the master model's state_dict, serialised) or, in threads
+    mode, "model"."""
+
+
+class EpochEvaluator:
+    """on_step callback: after every epoch's worth of global steps, evaluates the master model (training-set
+    loss and test accuracy, batch-norm statistics recalibrated on a copy), prints a line (or updates the
+    progress bar) and ends training at the target or at the last step. Picklable (for --processes)."""
+
+    def __init__(self, train_set, test_set, per_epoch: int, total: int, target: float, in_process: bool,
+                 quiet: bool = False):
+        self.train_set, self.test_set = train_set, test_set
+        self.per_epoch, self.total, self.target = per_epoch, total, target
+        self.in_process, self.quiet = in_process, quiet
+        self.history: List[dict] = []
+        self.t0 = time.time()  # wall clock: comparable across processes
+        self.progress: Optional["Progress"] = None  # threads mode only (set by the caller, not pickled)
+
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["progress"] = None
+        return d
+
+    def __call__(self, step: int, info: dict) -> None:
+        if self.progress is not None:
+            self.progress.step(1)
+        if step % self.per_epoch != 0 and step != self.total:
+            return
+        model = info["model"]
+        loss, acc = evaluate(model, self.train_set, self.test_set)
+        rec = dict(epoch=math.ceil(step / self.per_epoch), step=step, loss=loss, test_acc=acc,
+                   seconds=time.time() - self.t0, stale=info["stale_gradients"])
+        self.history.append(rec)
+        if self.progress is not None:
+            self.progress.epoch(rec)
+        elif not self.quiet:
+            print(Progress.line(rec), flush=True)
+        if acc >= self.target or step >= self.total:
+            out = dict(history=self.history, step=step, stale=info["stale_gradients"])
+            if self.in_process:
+                out["model"] = model
+            else:
+                buf = io.BytesIO()
+                torch.save(model.state_dict(), buf)
+                out["state"] = buf.getvalue()
+            raise TrainingDone(out)
 
 
 def train(cfg: TrainConfig, train_set, test_set, quiet: bool = False) -> TrainResult:
     per_epoch = steps_per_epoch(len(train_set[1]), cfg)
     total = cfg.max_steps if cfg.max_steps is not None else per_epoch * cfg.max_epochs
-    try:
-        from torchops.optim import train_sync_replicas
-    except ImportError:
-        train_sync_replicas = None
-    if train_sync_replicas is None:
-        if cfg.processes:
-            raise RuntimeError("--processes needs torchops.optim.train_sync_replicas, which this torchops does not "
-                               "have (the ConditionalAccumulator family is not merged)")
-        print("WARNING: torchops.optim (SyncReplicasOptimizer) is missing from this torchops: training one replica "
-              "with a plain optimizer instead", file=sys.stderr, flush=True)
+    from torchops.optim import train_sync_replicas
+
     progress = Progress(total, quiet)
     try:
-        if train_sync_replicas is None:
-            return _train_sequential(cfg, train_set, test_set, per_epoch, total, progress)
         return _train_sync_replicas(train_sync_replicas, cfg, train_set, test_set, per_epoch, total, progress)
     finally:
         progress.close()
@@ -167,67 +212,29 @@ def _train_sync_replicas(driver, cfg, train_set, test_set, per_epoch, total, pro
     mode = "processes" if cfg.processes else "threads"
     res = TrainResult(model=None, mode=f"SyncReplicasOptimizer, {cfg.workers} worker {mode}, "  # type: ignore[arg-type]
                                         f"replicas_to_aggregate={cfg.replicas_to_aggregate}")
+    evaluator = EpochEvaluator(train_set, test_set, per_epoch, total, cfg.target, in_process=not cfg.processes,
+                               quiet=progress.quiet)
+    if not cfg.processes:
+        evaluator.progress = progress
+    if cfg.processes:  # (spawned processes read it at start: no C++ warnings about the RPC pipes closing at the end)
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     t0 = time.perf_counter()
-
-    def on_step(step: int, info: dict) -> None:
-        res.model, res.global_steps, res.stale = info["model"], step, info["stale_gradients"]
-        progress.step(1)
-        if step % per_epoch == 0 or step == total:
-            loss, acc = evaluate(info["model"], train_set, test_set)
-            rec = dict(epoch=math.ceil(step / per_epoch), step=step, loss=loss, test_acc=acc,
-                       seconds=time.perf_counter() - t0)
-            res.history.append(rec)
-            progress.epoch(rec)
-            if acc >= cfg.target and step < total:
-                raise _TargetReached()
-
+    model_fn = functools.partial(build_model, cfg.rnn, cfg.seed, cfg.device)
     try:
-        out = driver(functools.partial(build_model, cfg.rnn, cfg.seed, cfg.device),
-                     functools.partial(make_optimizer, lr=cfg.lr), loss_fn, worker_batches(train_set, cfg, total),
-                     num_workers=cfg.workers, replicas_to_aggregate=cfg.replicas_to_aggregate, num_steps=total,
-                     mode=mode, on_step=on_step, timeout=120.0)
-        res.model, res.global_steps, res.stale = out.model, out.global_steps, out.stale_gradients
-    except _TargetReached:
-        pass
+        driver(model_fn, functools.partial(make_optimizer, lr=cfg.lr), loss_fn, worker_batches(train_set, cfg, total),
+               num_workers=cfg.workers, replicas_to_aggregate=cfg.replicas_to_aggregate, num_steps=total,
+               mode=mode, on_step=evaluator, timeout=120.0)
+        raise RuntimeError("train_sync_replicas returned without the last evaluation")  # (on_step always ends it)
+    except TrainingDone as done:
+        out = done.args[0]
+    res.history, res.global_steps, res.stale = out["history"], out["step"], out["stale"]
+    if "model" in out:
+        res.model = out["model"]
+    else:
+        res.model = model_fn()
+        res.model.load_state_dict(torch.load(io.BytesIO(out["state"]), weights_only=True))
     res.seconds = time.perf_counter() - t0
     # The replicas' batch-norm running statistics stay with them (only gradients are aggregated): set the
     # trained model's from the whole training set.
     recalibrate_batchnorm(res.model, train_set[0].to(cfg.device), batch_size=len(train_set[1]))
-    return res
-
-
-def _train_sequential(cfg, train_set, test_set, per_epoch, total, progress) -> TrainResult:
-    """Development stand-in: one replica, plain optimizer."""
-    model = build_model(cfg.rnn, cfg.seed, cfg.device)
-    opt = make_optimizer(model.parameters(), cfg.lr)
-    x, y = train_set[0].to(cfg.device), train_set[1].to(cfg.device)
-    g = torch.Generator().manual_seed(cfg.seed + 1)
-    res = TrainResult(model=model, mode="one replica (stand-in until SyncReplicas is merged)")
-    t0 = time.perf_counter()
-    step, losses = 0, []
-    while step < total:
-        perm = torch.randperm(len(y), generator=g)
-        for i in range(0, len(y), cfg.batch_size):
-            model.train()
-            idx = perm[i:i + cfg.batch_size].to(cfg.device)
-            loss = loss_fn(model, (x[idx], y[idx]))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-            step += 1
-            progress.step(1, losses[-1])
-            if step % per_epoch == 0 or step == total:
-                loss, acc = evaluate(model, train_set, test_set)
-                rec = dict(epoch=math.ceil(step / per_epoch), step=step, loss=loss, test_acc=acc,
-                           seconds=time.perf_counter() - t0)
-                losses = []
-                res.history.append(rec)
-                progress.epoch(rec)
-                if rec["test_acc"] >= cfg.target or step == total:
-                    break
-        if res.history and (res.history[-1]["test_acc"] >= cfg.target):
-            break
-    res.global_steps, res.seconds = step, time.perf_counter() - t0
-    recalibrate_batchnorm(model, x, batch_size=len(x))
     return res
