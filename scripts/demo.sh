@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One command: set up .venv, build torchops, run the end-to-end main job (python -m torchops.demo: train
-# with synchronous replicas, export, reload, serve), then the quick benchmark of every op family.
+# with synchronous replicas, export, reload, serve). The benchmarks are their own command (python -m torchops.bench).
 # Arguments go to the demo (e.g. `bash scripts/demo.sh --rnn lstm --processes`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -8,5 +8,3 @@ source "$ROOT/scripts/setup_env.sh" "$ROOT/requirements-demo.txt"
 cd "$ROOT"
 echo "== python -m torchops.demo $*"
 "$PY" -m torchops.demo "$@"
-echo "== python -m torchops.bench --quick"
-"$PY" -m torchops.bench --quick
