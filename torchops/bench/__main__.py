@@ -33,7 +33,7 @@ FAMILIES = {
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchops.bench", description=__doc__.splitlines()[0])
-    p.add_argument("--filter", default="", help=f"run only families whose keyword contains this ({', '.join(FAMILIES)})")
+    p.add_argument("--filter", default="", help=f"a family name runs that family; otherwise families whose name contains this ({', '.join(FAMILIES)})")
     p.add_argument("--json", default=None, help="write all results to this JSON file")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="shorter timings (for smoke runs)")
@@ -43,7 +43,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
-    chosen = {k: m for k, m in FAMILIES.items() if args.filter in k}
+    # An exact family name runs that family alone (`rnn` is the block RNN family, not every RNN family).
+    chosen = ({args.filter: FAMILIES[args.filter]} if args.filter in FAMILIES
+              else {k: m for k, m in FAMILIES.items() if args.filter in k})
     if not chosen:
         print(f"no benchmark family matches --filter {args.filter!r}; families: {', '.join(FAMILIES)}", file=sys.stderr)
         return 2
