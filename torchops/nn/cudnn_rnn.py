@@ -573,7 +573,22 @@ class CudnnLSTM(_CudnnRNN):
         return {"num_proj": rnn.proj_size or None}
 
 
-class CudnnGRU(_CudnnRNN):
+class _CudnnHiddenStateRNN(_CudnnRNN):
+    """The modes with one state, h (GRU and the plain RNNs): no projection, `forward -> (outputs, h)`."""
+
+    def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
+                 dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
+                 init: str = "glorot", device=None, dtype=None):
+        super().__init__(num_layers, num_units, input_size, direction=direction, dropout=dropout, seed=seed,
+                         time_major=time_major, input_mode=input_mode, init=init, device=device, dtype=dtype)
+
+    def forward(self, input: Tensor, initial_state: Optional[Tensor] = None,
+                sequence_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        output, h, _ = self._run(input, initial_state, None, sequence_lengths)
+        return output, h
+
+
+class CudnnGRU(_CudnnHiddenStateRNN):
     """Multi-layer GRU with cuDNN's math (reset gate applied after the recurrent matmul, "linear before
     reset": n = tanh(W_n x + b_Wn + r * (R_n h + b_Rn)), h' = (1 - z) n + z h; the same as torch.nn.GRU and
     Keras GRU(reset_after=True)), like TF's `tf.contrib.cudnn_rnn.CudnnGRU`.
@@ -587,34 +602,12 @@ class CudnnGRU(_CudnnRNN):
     _tf_cell_name = "cudnn_compatible_gru_cell"
     _keras_gate_order = [1, 0, 2]  # Keras z, r, h = cuDNN gates 1 (z), 0 (r), 2 (n)
 
-    def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
-                 dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
-                 init: str = "glorot", device=None, dtype=None):
-        super().__init__(num_layers, num_units, input_size, direction=direction, dropout=dropout, seed=seed,
-                         time_major=time_major, input_mode=input_mode, init=init, device=device, dtype=dtype)
 
-    def forward(self, input: Tensor, initial_state: Optional[Tensor] = None,
-                sequence_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        output, h, _ = self._run(input, initial_state, None, sequence_lengths)
-        return output, h
-
-
-class _CudnnSimpleRNN(_CudnnRNN):
+class _CudnnSimpleRNN(_CudnnHiddenStateRNN):
     _torch_class = nn.RNN
     _keras_gate_order = [0]
     _tf_cell_name = "basic_rnn_cell"
     _nonlinearity = ""
-
-    def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
-                 dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
-                 init: str = "glorot", device=None, dtype=None):
-        super().__init__(num_layers, num_units, input_size, direction=direction, dropout=dropout, seed=seed,
-                         time_major=time_major, input_mode=input_mode, init=init, device=device, dtype=dtype)
-
-    def forward(self, input: Tensor, initial_state: Optional[Tensor] = None,
-                sequence_lengths: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-        output, h, _ = self._run(input, initial_state, None, sequence_lengths)
-        return output, h
 
     def _torch_kwargs(self) -> dict:
         return {"nonlinearity": self._nonlinearity}
