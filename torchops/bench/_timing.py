@@ -54,6 +54,17 @@ def compare(ours: Callable[[], object], native: Callable[[], object], device: to
 RATIO_COLUMNS = ["ratio", "ratio_min", "ratio_med", "ratio_max"]
 
 
+def compare_cases(cases, args, device: torch.device, title: str, rounds: int = 5) -> List[dict]:
+    """Times (name, ours, native) cases side by side with `compare` (one round with --quick), prints the table
+    and returns the rows."""
+    rows = []
+    for name, ours, native in cases:
+        rows.append({"case": name, **compare(ours, native, device, rounds=1 if args.quick else rounds,
+                                            min_time=0.1 if args.quick else 0.3)})
+    print_table(title, rows, ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS)
+    return rows
+
+
 def print_table(title: str, rows: List[dict], columns: List[str]) -> None:
     print(f"\n== {title}")
     widths = [max(len(c), *(len(_fmt(r.get(c))) for r in rows)) for c in columns]

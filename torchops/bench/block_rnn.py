@@ -8,7 +8,7 @@ to every input and parameter. float32.
 """
 import torch
 
-from ._timing import RATIO_COLUMNS, compare, print_table
+from ._timing import compare_cases
 
 CELL_SHAPES = [(64, 256, 256), (256, 512, 512)]
 SEQ_SHAPES = [(50, 32, 128, 256)]
@@ -69,10 +69,5 @@ def _cases(device):
 
 def run(args):
     device = torch.device(args.device)
-    rows = []
-    min_time = 0.1 if args.quick else 0.3
-    for name, ours, native in _cases(device):
-        rows.append({"case": name, **compare(ours, native, device, rounds=1 if args.quick else 5, min_time=min_time)})
-    print_table("block_rnn (float32): torchops vs PyTorch (composed ops / nn.LSTM / nn.GRU)", rows,
-                ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS)
-    return rows
+    return compare_cases(_cases(device), args, device,
+                         "block_rnn (float32): torchops vs PyTorch (composed ops / nn.LSTM / nn.GRU)")

@@ -11,7 +11,7 @@ On CUDA, TF32 is disabled on both sides.
 """
 import torch
 
-from ._timing import print_table, side_by_side
+from ._timing import compare_cases
 
 SHAPES = [(50, 32, 128, 256), (100, 64, 512, 512)]
 
@@ -95,13 +95,5 @@ def run(args):
     if device.type == "cuda":
         torch.backends.cudnn.allow_tf32 = False
         torch.backends.cuda.matmul.allow_tf32 = False
-    rows = []
-    min_time = 0.1 if args.quick else 0.3
-    for name, ours, native in _cases(device, args.quick):
-        t_ours, t_nat = side_by_side(ours, native, device, rounds=1 if args.quick else 3, min_time=min_time)
-        rows.append({"case": name, "torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat})
-        if getattr(args, "verbose", False):  # (progress: the full run takes minutes on two cores)
-            print(f"  {name}: {t_ours * 1e3:.2f} ms vs {t_nat * 1e3:.2f} ms, ratio {t_ours / t_nat:.3f}", flush=True)
-    print_table("cudnn_rnn (float32): torchops vs torch.nn.LSTM / torch.nn.GRU", rows,
-                ["case", "torchops_ms", "native_ms", "ratio"])
-    return rows
+    return compare_cases(_cases(device, args.quick), args, device,
+                         "cudnn_rnn (float32): torchops vs torch.nn.LSTM / torch.nn.GRU", rounds=3)
