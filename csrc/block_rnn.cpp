@@ -80,11 +80,8 @@ void check_backend(const at::Tensor& x, const Kernels& k) {
               ": every tensor must be on x's device, except seq_len_max, which may also be on the CPU");
 }
 
-// GEMMs into preallocated outputs (views of larger buffers).
+// A GEMM into a preallocated output (a view of a larger buffer).
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
-void addmm_into(at::Tensor out, const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
-  at::addmm_out(out, bias, a, b);
-}
 
 
 // Steps whose input projections are computed by one GEMM: enough rows (>= 256) for an efficient
@@ -199,12 +196,14 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
     at::Tensor hr = at::empty({nb, C}, opts);
     at::Tensor xbuf;
     StepGemm rec_ru(wru_h, false, nb, L), rec_c(wc_h, false, nb, L);
+    const int64_t chunks = (L + chunk - 1) / chunk;
+    StepGemm prj_ru(wru_x, false, chunk * nb, chunks), prj_c(wc_x, false, chunk * nb, chunks);
     for (int64_t t = 0; t < L; ++t) {
       if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM each
         const int64_t n = std::min(chunk, L - t);
         const at::Tensor x2d = steps_2d(xs, t, n, xbuf);
-        addmm_into(pre_ru.narrow(0, 0, n).view({n * nb, 2 * C}), b_ru, x2d, wru_x);
-        addmm_into(pre_c.narrow(0, 0, n).view({n * nb, C}), b_c, x2d, wc_x);
+        prj_ru.bias_addmm(pre_ru.narrow(0, 0, n).view({n * nb, 2 * C}), b_ru, x2d);
+        prj_c.bias_addmm(pre_c.narrow(0, 0, n).view({n * nb, C}), b_c, x2d);
       }
       const at::Tensor hp = t == 0 ? h0 : hs.select(0, t - 1);
       at::Tensor ru_t = pre_ru.select(0, t % chunk);
@@ -469,11 +468,11 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
     const int64_t chunk = projection_chunk(L, nb);
     at::Tensor pre = at::empty({chunk, nb, 4 * C}, x3.options());
     at::Tensor xbuf;
-    StepGemm rec(w_h, false, nb, L);
+    StepGemm rec(w_h, false, nb, L), prj(w_x, false, chunk * nb, (L + chunk - 1) / chunk);
     for (int64_t t = 0; t < L; ++t) {
       if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM
         const int64_t n = std::min(chunk, L - t);
-        addmm_into(pre.narrow(0, 0, n).view({n * nb, 4 * C}), b, steps_2d(xs, t, n, xbuf), w_x);
+        prj.bias_addmm(pre.narrow(0, 0, n).view({n * nb, 4 * C}), b, steps_2d(xs, t, n, xbuf));
       }
       const at::Tensor csp = t == 0 ? cs0 : o.cs.select(0, t - 1);
       const at::Tensor hp = t == 0 ? h0 : o.h.select(0, t - 1);
@@ -571,6 +570,19 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   if (!input_grads) return;
   out.h_prev_grad.copy_(dh_carry);
   const at::Tensor dg2d = dgates.view({L * B, 4 * C});
+  if (StepGemm::own_kernel(dg2d) && L * B > 1 && I > 0) {
+    // The same GEMMs through torchops' kernel, which wants a row-major left operand: [x_t, h_{t-1}]^T is
+    // gathered transposed ([I + C, L*B]).
+    at::Tensor x_grad2d = out.x_grad.narrow(0, 0, L).view({L * B, I});
+    StepGemm(w_x, /*trans=*/true, L * B, 2).mm(x_grad2d, dg2d);
+    at::Tensor xht = at::empty({I + C, L * B}, opts);
+    xht.narrow(0, 0, I).copy_(x3.narrow(0, 0, L).view({L * B, I}).t());
+    xht.narrow(0, I, C).narrow(1, 0, B).copy_(h_prev.t());
+    if (L > 1) xht.narrow(0, I, C).narrow(1, B, (L - 1) * B).copy_(fw.h.narrow(0, 0, L - 1).view({(L - 1) * B, C}).t());
+    StepGemm(dg2d, /*trans=*/false, I + C, 2).mm(out.w_grad, xht);
+    out.b_grad.copy_(sum_rows(dg2d));
+    return;
+  }
   mm_into(out.x_grad.narrow(0, 0, L).view({L * B, I}), dg2d, w_x.t());
   // w_grad = [x_t, h_{t-1}]^T @ dgates over all steps as one GEMM (as TF's per-step xh, gathered once):
   // one K = L*B GEMM with I + C rows beats three (x rows, h_prev, h[0 : L-1]) by ~6 % at T=50 B=32.

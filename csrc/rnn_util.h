@@ -2,9 +2,12 @@
 // packed recurrent GEMM of the CPU time loops and the per-thread batch slicing.
 #pragma once
 
+#include "cpu/packed_gemm.h"
+
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
 
@@ -31,10 +34,10 @@ namespace torchops {
 namespace rnn_util {
 
 // The recurrent GEMM of a time loop, out (+)= a @ op(w), with the same weight view on every step. On
-// the CPU in float32 with MKL the weight is packed once per call (cblas_sgemm_pack) instead of being
-// re-packed inside every step's sgemm: BlockLSTM T=50 B=32 C=256 spent ~10 % of its time packing; its
-// 50 recurrent GEMMs take 2.3 instead of 3.1 ms forward, 2.4 instead of 3.7 ms backward. Otherwise (other
-// dtypes/devices, one step, no MKL) the ATen GEMM.
+// the CPU in float32 the weight is packed once per call instead of inside every step's GEMM: for
+// torchops' own kernel (cpu/packed_gemm.h, CPUs with AVX2 + FMA) or else for MKL's packed GEMM
+// (cblas_sgemm_pack: BlockLSTM T=50 B=32 C=256 spent ~10 % of its time re-packing in plain sgemm).
+// Otherwise (other dtypes/devices, one step, neither kernel) the ATen GEMM.
 class StepGemm {
  public:
   // w: [K, N] (trans: [N, K], used as its transpose), unit column stride; `rows` = rows of every `a`.
@@ -43,10 +46,18 @@ class StepGemm {
     const int64_t n = trans ? w.size(0) : w.size(1), k = trans ? w.size(1) : w.size(0);
     const int64_t lim = std::numeric_limits<int>::max() / 2;
     if (steps < 2 || !w.is_cpu() || w.scalar_type() != at::kFloat || w.stride(1) != 1 || rows <= 0 || rows > lim ||
-        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || w.stride(0) < (trans ? k : n) ||
-        !cblas_sgemm_pack_get_size ||
-        !cblas_sgemm_pack || !cblas_sgemm_compute)
+        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || w.stride(0) < (trans ? k : n))
       return;
+    if (cpu::packed_gemm_available()) {
+      own_ = true;
+      m_ = static_cast<int>(rows);
+      n_ = static_cast<int>(n);
+      k_ = static_cast<int>(k);
+      packed_ = at::empty({cpu::packed_gemm_size(k, n)}, w.options());
+      cpu::packed_gemm_pack(w.const_data_ptr<float>(), w.stride(0), trans, k, n, packed_.mutable_data_ptr<float>());
+      return;
+    }
+    if (!cblas_sgemm_pack_get_size || !cblas_sgemm_pack || !cblas_sgemm_compute) return;
     m_ = static_cast<int>(rows);
     n_ = static_cast<int>(n);
     k_ = static_cast<int>(k);
@@ -59,8 +70,22 @@ class StepGemm {
     (void)steps;
 #endif
   }
+  // Whether a StepGemm of w would use torchops' kernel (float32 on a CPU with it): callers then also route
+  // one-off GEMMs through it (packing costs a copy of w; the kernel beats MKL's generic path on AMD).
+  static bool own_kernel(const at::Tensor& w) {
+    return w.is_cpu() && w.scalar_type() == at::kFloat && cpu::packed_gemm_available();
+  }
   void addmm(at::Tensor& out, const at::Tensor& a) { run(out, a, 1.0f); }  // out += a @ op(w)
   void mm(at::Tensor& out, const at::Tensor& a) { run(out, a, 0.0f); }     // out = a @ op(w)
+  // out = bias + a @ op(w), bias [N] added to every row (the input projections; any number of rows).
+  void bias_addmm(at::Tensor out, const at::Tensor& bias, const at::Tensor& a) {
+    if (!own_) {
+      at::addmm_out(out, bias, a, trans_ ? w_.t() : w_);
+      return;
+    }
+    out.copy_(bias.expand_as(out));
+    run(out, a, 1.0f);
+  }
 
  private:
   static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
@@ -68,13 +93,19 @@ class StepGemm {
     const at::Tensor w = trans_ ? w_.t() : w_;
     // BLAS leading dimensions must cover a row: a size-1 dimension may carry any stride (a [1, n]
     // tensor with strides (1, 1) is "contiguous"), so such operands take the ATen path.
-    if (!packed_.defined() || a.stride(1) != 1 || out.stride(1) != 1 || a.size(0) != m_ || a.stride(0) < k_ ||
+    // (torchops' kernel takes any number of rows; MKL's packed B is for `rows` rows.)
+    if (!packed_.defined() || a.stride(1) != 1 || out.stride(1) != 1 || (!own_ && a.size(0) != m_) || a.stride(0) < k_ ||
         out.stride(0) < n_ || a.stride(0) > std::numeric_limits<int>::max() ||
         out.stride(0) > std::numeric_limits<int>::max()) {
       if (beta == 0.0f)
         at::mm_out(out, a, w);
       else
         out.addmm_(a, w);
+      return;
+    }
+    if (own_) {
+      cpu::packed_gemm_compute(a.size(0), n_, k_, a.const_data_ptr<float>(), a.stride(0), packed_.const_data_ptr<float>(),
+                               beta != 0.0f, out.mutable_data_ptr<float>(), out.stride(0));
       return;
     }
 #ifdef TORCHOPS_MKL_PACKED_GEMM
@@ -85,6 +116,7 @@ class StepGemm {
   }
   at::Tensor w_;
   bool trans_;
+  bool own_ = false;  // packed for cpu::packed_gemm_compute (else MKL's format)
   int m_ = 0, n_ = 0, k_ = 0;
   at::Tensor packed_;
 };

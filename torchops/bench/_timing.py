@@ -1,9 +1,14 @@
 """Timing helpers shared by the benchmark families."""
 import statistics
 import time
-from typing import Callable, List
+from typing import Callable, List, Optional
 
 import torch
+
+try:
+    import resource
+except ImportError:  # not on Windows
+    resource = None
 
 
 def _sync(device: torch.device) -> None:
@@ -25,6 +30,21 @@ def median_seconds(fn: Callable[[], object], device: torch.device, min_time: flo
         _sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def faults_per_call(fn: Callable[[], object], device: torch.device, calls: int = 10) -> Optional[float]:
+    """Minor page faults per call of fn() (getrusage; None where unavailable). A fresh large output whose
+    pages the allocator gave back to the OS faults in again on every call: on a VM each fault costs
+    microseconds, so a few thousand per call can double a memory-bound op's time (docs/fused_batch_norm.md)."""
+    if resource is None:
+        return None
+    fn()
+    _sync(device)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(calls):
+        fn()
+    _sync(device)
+    return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
 def side_by_side(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,

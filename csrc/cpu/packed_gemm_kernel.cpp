@@ -1,0 +1,212 @@
+#ifdef TORCHOPS_PGEMM_SECTION
+// ---- the kernel, compiled per instruction set (see the bottom half of this file) ----
+// Tiles of kMR rows x kNR columns (two vectors) stay in registers over a block of k: AVX-512 8 x 32
+// (16 accumulators of 32 registers; 8 rows divide the usual per-thread batch slices), AVX2 6 x 16 (12 of
+// 16). The baseline build (never picked: packed_gemm_available() wants AVX2) is a plain loop.
+#if TORCHOPS_ISA_LEVEL == 2
+typedef __m512 V;
+constexpr int kW = 16, kMR = 8;
+inline V loadv(const float* p) { return _mm512_loadu_ps(p); }
+inline void storev(float* p, V v) { _mm512_storeu_ps(p, v); }
+inline V bcast(float s) { return _mm512_set1_ps(s); }
+inline V fmav(V a, V b, V c) { return _mm512_fmadd_ps(a, b, c); }
+inline V addv(V a, V b) { return _mm512_add_ps(a, b); }
+inline V zerov() { return _mm512_setzero_ps(); }
+#elif TORCHOPS_ISA_LEVEL == 1
+typedef __m256 V;
+constexpr int kW = 8, kMR = 6;
+inline V loadv(const float* p) { return _mm256_loadu_ps(p); }
+inline void storev(float* p, V v) { _mm256_storeu_ps(p, v); }
+inline V bcast(float s) { return _mm256_set1_ps(s); }
+inline V fmav(V a, V b, V c) { return _mm256_fmadd_ps(a, b, c); }
+inline V addv(V a, V b) { return _mm256_add_ps(a, b); }
+inline V zerov() { return _mm256_setzero_ps(); }
+#else
+constexpr int kW = 8, kMR = 6;
+#endif
+constexpr int kNR = 2 * kW;
+constexpr int64_t kKC = 4096 / kNR;  // k per pass: a 16 KB panel block stays in L1 across the row tiles
+
+// Panel p holds columns [p * kNR, p * kNR + kNR) as k rows of kNR floats (zero-padded past n).
+int64_t pack_size(int64_t k, int64_t n) { return (n + kNR - 1) / kNR * kNR * k; }
+
+void pack(const float* b, int64_t ldb, bool trans, int64_t k, int64_t n, float* dst) {
+  for (int64_t j0 = 0; j0 < n; j0 += kNR) {
+    float* p = dst + j0 * k;
+    const int64_t nv = std::min<int64_t>(kNR, n - j0);
+    if (nv < kNR) std::fill(p, p + k * kNR, 0.f);
+    if (trans) {  // read B's rows (columns of the operand) contiguously
+      for (int64_t j = 0; j < nv; ++j) {
+        const float* src = b + (j0 + j) * ldb;
+        for (int64_t r = 0; r < k; ++r) p[r * kNR + j] = src[r];
+      }
+    } else {
+      for (int64_t r = 0; r < k; ++r) std::memcpy(p + r * kNR, b + r * ldb + j0, nv * sizeof(float));
+    }
+  }
+}
+
+#if TORCHOPS_ISA_LEVEL >= 1
+// Rows of the tile as named variables: GCC keeps arrays of vector accumulators on the stack (a load and a
+// store per multiply-add), named ones in registers.
+#if TORCHOPS_ISA_LEVEL == 2
+#define TORCHOPS_PG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#else
+#define TORCHOPS_PG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
+#endif
+#define TORCHOPS_PG_ZERO(r) V c0_##r = zerov(), c1_##r = zerov();
+#define TORCHOPS_PG_FMA(r)                  \
+  {                                         \
+    const V ar = bcast(a[(r) * lda + q]);   \
+    c0_##r = fmav(ar, b0, c0_##r);           \
+    c1_##r = fmav(ar, b1, c1_##r);           \
+  }
+#define TORCHOPS_PG_STORE(r)                                              \
+  {                                                                       \
+    float* cr = c + (r) * ldc;                                            \
+    storev(cr, accumulate ? addv(loadv(cr), c0_##r) : c0_##r);            \
+    storev(cr + kW, accumulate ? addv(loadv(cr + kW), c1_##r) : c1_##r); \
+  }
+
+// One full tile: c[kMR, kNR] (+)= a[kMR, kc] @ panel block [kc, kNR]; the sums over k run in order, one
+// FMA each.
+inline void tile(int64_t kc, const float* __restrict a, int64_t lda, const float* __restrict bp, float* __restrict c,
+                 int64_t ldc, bool accumulate) {
+  TORCHOPS_PG_ROWS(TORCHOPS_PG_ZERO)
+  for (int64_t q = 0; q < kc; ++q) {
+    const V b0 = loadv(bp + q * kNR), b1 = loadv(bp + q * kNR + kW);
+    TORCHOPS_PG_ROWS(TORCHOPS_PG_FMA)
+  }
+  TORCHOPS_PG_ROWS(TORCHOPS_PG_STORE)
+}
+#undef TORCHOPS_PG_ROWS
+#undef TORCHOPS_PG_ZERO
+#undef TORCHOPS_PG_FMA
+#undef TORCHOPS_PG_STORE
+#else
+inline void tile(int64_t kc, const float* a, int64_t lda, const float* bp, float* c, int64_t ldc, bool accumulate) {
+  for (int r = 0; r < kMR; ++r) {
+    for (int j = 0; j < kNR; ++j) {
+      float s = 0.f;
+      for (int64_t q = 0; q < kc; ++q) s += a[r * lda + q] * bp[q * kNR + j];
+      c[r * ldc + j] = accumulate ? c[r * ldc + j] + s : s;
+    }
+  }
+}
+#endif
+
+// A partial tile (rows < kMR or nv < kNR): the rows are copied into a zero-padded block, the full tile
+// writes a scratch tile, and its valid part is stored.
+void partial_tile(int64_t rows, int64_t kc, const float* a, int64_t lda, const float* bp, float* c, int64_t ldc,
+                  int64_t nv, bool accumulate) {
+  alignas(64) float ablock[kMR * kKC];
+  alignas(64) float cblock[kMR * kNR];
+  const float* ap = a;
+  int64_t ld = lda;
+  if (rows < kMR) {
+    std::fill(ablock, ablock + kMR * kc, 0.f);
+    for (int64_t r = 0; r < rows; ++r) std::memcpy(ablock + r * kc, a + r * lda, kc * sizeof(float));
+    ap = ablock;
+    ld = kc;
+  }
+  tile(kc, ap, ld, bp, cblock, kNR, false);
+  for (int64_t r = 0; r < rows; ++r) {
+    float* cr = c + r * ldc;
+    const float* t = cblock + r * kNR;
+    for (int64_t j = 0; j < nv; ++j) cr[j] = accumulate ? cr[j] + t[j] : t[j];
+  }
+}
+
+// Panels [p0, p1) of c = (or +=) a @ B.
+void compute_panels(int64_t p0, int64_t p1, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                    const float* packed, bool accumulate, float* c, int64_t ldc) {
+  for (int64_t k0 = 0; k0 < k; k0 += kKC) {
+    const int64_t kc = std::min(kKC, k - k0);
+    const bool acc = accumulate || k0 > 0;
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t j0 = p * kNR, nv = std::min<int64_t>(kNR, n - j0);
+      const float* bp = packed + j0 * k + k0 * kNR;
+      for (int64_t i = 0; i < m; i += kMR) {
+        const int64_t rows = std::min<int64_t>(kMR, m - i);
+        if (rows == kMR && nv == kNR)
+          tile(kc, a + i * lda + k0, lda, bp, c + i * ldc + j0, ldc, acc);
+        else
+          partial_tile(rows, kc, a + i * lda + k0, lda, bp, c + i * ldc + j0, ldc, nv, acc);
+      }
+    }
+  }
+}
+
+void compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed, bool accumulate,
+             float* c, int64_t ldc) {
+  const int64_t panels = (n + kNR - 1) / kNR;
+  // ~256K multiply-adds per task: a step GEMM of one thread's rows stays on that thread.
+  const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m * k * kNR));
+  at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
+    compute_panels(p0, p1, m, n, k, a, lda, packed, accumulate, c, ldc);
+  });
+}
+
+#else  // TORCHOPS_PGEMM_SECTION
+#include "cpu/packed_gemm.h"
+
+#include "cpu/cpu_isa.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+#include <cstdlib>
+#include <cstring>
+
+namespace torchops {
+namespace cpu {
+namespace {
+
+#define TORCHOPS_PGEMM_SECTION
+#define TORCHOPS_ISA_SELF "cpu/packed_gemm_kernel.cpp"
+#define TORCHOPS_ISA_AVX512 1
+#include "cpu/cpu_isa_sections.h"
+#undef TORCHOPS_ISA_AVX512
+#undef TORCHOPS_ISA_SELF
+#undef TORCHOPS_PGEMM_SECTION
+
+}  // namespace
+
+bool packed_gemm_available() {
+#if TORCHOPS_MULTI_ISA
+  static const bool on = [] {
+    const char* env = std::getenv("TORCHOPS_CPU_PACKED_GEMM");
+    return isa_level() >= 1 && !(env && std::strcmp(env, "0") == 0);
+  }();
+  return on;
+#else
+  return false;
+#endif
+}
+
+#if TORCHOPS_MULTI_ISA
+#define TORCHOPS_PGEMM_CALL(fn, ...) \
+  (isa_level() == 2 ? isa_avx512::fn(__VA_ARGS__) : isa_level() == 1 ? isa_avx2::fn(__VA_ARGS__) : isa_base::fn(__VA_ARGS__))
+#else
+#define TORCHOPS_PGEMM_CALL(fn, ...) isa_base::fn(__VA_ARGS__)
+#endif
+
+int64_t packed_gemm_size(int64_t k, int64_t n) { return TORCHOPS_PGEMM_CALL(pack_size, k, n); }
+
+void packed_gemm_pack(const float* b, int64_t ldb, bool trans, int64_t k, int64_t n, float* dst) {
+  TORCHOPS_PGEMM_CALL(pack, b, ldb, trans, k, n, dst);
+}
+
+void packed_gemm_compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
+                         bool accumulate, float* c, int64_t ldc) {
+  TORCHOPS_PGEMM_CALL(compute, m, n, k, a, lda, packed, accumulate, c, ldc);
+}
+
+#undef TORCHOPS_PGEMM_CALL
+
+}  // namespace cpu
+}  // namespace torchops
+#endif  // TORCHOPS_PGEMM_SECTION
