@@ -335,6 +335,29 @@ def test_channels_last_memory_is_read_in_place_and_kept(device, rank):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape", [(8, 64, 96, 96), (9, 24, 131, 151)])
+def test_channels_last_large_outputs_match_channels_first(shape):
+    # CPU float32 channels-last outputs of >= 16 MB are written with non-temporal stores (C % 8 == 0; the
+    # second shape, C = 24 over 17 MB with rows that are not a multiple of the row block, too): the same
+    # values as the channels-first kernels, which write plainly. Inference rounds identically (bitwise).
+    x, scale, offset, mean, var = make_inputs(shape, "NCHW", torch.float32, "cpu", seed=12)
+    assert x.numel() * 4 >= 16 << 20
+    xcl = x.contiguous(memory_format=torch.channels_last)
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(13))
+    for training in (True, False):
+        ref = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", training)
+        got = fbn(xcl, scale, offset, mean, var, 1e-3, 1.0, "NCHW", training)
+        if training:
+            torch.testing.assert_close(got[0], ref[0], atol=1e-5, rtol=1e-5)
+        else:
+            assert torch.equal(got[0], ref[0])
+        g_ref = fbn_grad(dy, x, scale, ref[3], ref[4], ref[5], 1e-3, "NCHW", training)
+        g = fbn_grad(dy.contiguous(memory_format=torch.channels_last), xcl, scale, ref[3], ref[4], ref[5], 1e-3,
+                     "NCHW", training)
+        torch.testing.assert_close(g[0], g_ref[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(g[1:3], g_ref[1:3], atol=1e-2, rtol=1e-5)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_non_contiguous_inputs(device):
     x, scale, offset, mean, var = make_inputs((4, 6, 5, 8), "NHWC", torch.float64, device, seed=9)
