@@ -58,17 +58,25 @@ def side_by_side(ours: Callable[[], object], native: Callable[[], object], devic
 
 
 def compare(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,
-            min_time: float = 0.3) -> dict:
+            min_time: float = 0.3, floor: Optional[Callable[[], object]] = None) -> dict:
     """side_by_side, plus the spread of the per-round ratio (min / median / max): one median hides how far
-    single rounds wander on a noisy machine."""
-    a, b = [], []
+    single rounds wander on a noisy machine. `floor` (e.g. x.clone(), the least memory traffic the op can
+    have) is timed in the same rounds, so that ours / floor compares runs made in the same machine state:
+    adds floor_ms and torchops/floor (the median of the per-round ratios)."""
+    a, b, f = [], [], []
     for _ in range(rounds):
         a.append(median_seconds(ours, device, min_time))
         b.append(median_seconds(native, device, min_time))
+        if floor is not None:
+            f.append(median_seconds(floor, device, min_time))
     ratios = [x / y for x, y in zip(a, b)]
     t_ours, t_nat = statistics.median(a), statistics.median(b)
-    return {"torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat,
-            "ratio_min": min(ratios), "ratio_med": statistics.median(ratios), "ratio_max": max(ratios)}
+    row = {"torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat,
+           "ratio_min": min(ratios), "ratio_med": statistics.median(ratios), "ratio_max": max(ratios)}
+    if floor is not None:
+        row["floor_ms"] = statistics.median(f) * 1e3
+        row["torchops/floor"] = statistics.median([x / y for x, y in zip(a, f)])
+    return row
 
 
 RATIO_COLUMNS = ["ratio", "ratio_min", "ratio_med", "ratio_max"]

@@ -2,11 +2,12 @@
 
 `torchops_faults` / `native_faults`: minor page faults per call (getrusage), the usual cause when a ratio
 jumps between runs (docs/fused_batch_norm.md, "Speed and this machine"). Inference rows also time `x.clone()` (one read of x, one write of a fresh output: the least any
-inference forward must move), so `clone/native` is the best ratio a single pass over memory can reach.
+inference forward must move) in the same rounds as the op, so `clone/native` is the best ratio a single pass over
+memory can reach and `torchops/clone` (median of the per-round ratios) compares runs in the same machine state.
 """
 import torch
 
-from ._timing import RATIO_COLUMNS, compare, faults_per_call, median_seconds, print_table
+from ._timing import RATIO_COLUMNS, compare, faults_per_call, print_table
 
 SHAPES = [(32, 64, 56, 56), (64, 256, 14, 14)]
 
@@ -44,20 +45,15 @@ def run(args):
     device = torch.device(args.device)
     rows = []
     min_time = 0.1 if args.quick else 0.3
-    floors = []
     for shape, layout, what, ours, native, nbytes, floor in _cases(device, torch.float32):
-        r = compare(ours, native, device, rounds=1 if args.quick else 5, min_time=min_time)
-        rows.append({"case": f"{what} {tuple(shape)} {layout}", **r,
-                     "torchops_GB/s": nbytes / r["torchops_ms"] / 1e6, "native_GB/s": nbytes / r["native_ms"] / 1e6,
-                     "torchops_faults": faults_per_call(ours, device), "native_faults": faults_per_call(native, device)})
+        r = compare(ours, native, device, rounds=1 if args.quick else 5, min_time=min_time, floor=floor)
+        row = {"case": f"{what} {tuple(shape)} {layout}", **r,
+               "torchops_GB/s": nbytes / r["torchops_ms"] / 1e6, "native_GB/s": nbytes / r["native_ms"] / 1e6,
+               "torchops_faults": faults_per_call(ours, device), "native_faults": faults_per_call(native, device)}
         if floor is not None:
-            floors.append((rows[-1], floor))
-    # The clone floors after all comparisons, so that their allocations do not change the heap state the
-    # comparisons above run in (glibc trimming; docs/fused_batch_norm.md).
-    for row, floor in floors:
-        t_floor = median_seconds(floor, device, min_time)
-        row.update({"clone_ms": t_floor * 1e3, "clone/native": t_floor * 1e3 / row["native_ms"],
-                    "torchops/clone": row["torchops_ms"] / (t_floor * 1e3)})
+            row.update({"clone_ms": row.pop("floor_ms"), "torchops/clone": row.pop("torchops/floor")})
+            row["clone/native"] = row["clone_ms"] / row["native_ms"]
+        rows.append(row)
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
                 ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS + ["torchops_GB/s", "native_GB/s", "torchops_faults",
                                                                      "native_faults", "clone_ms", "clone/native",
