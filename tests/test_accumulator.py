@@ -327,6 +327,28 @@ def test_empty_gradient():
     assert q.take_grad(1).shape == (0, 3)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+def test_internal_add_op_checks_its_operands(device):
+    # _accumulator_add_ is internal (csrc/accumulator.cpp hands it checked operands), but a direct call with
+    # bad operands must raise, not write out of bounds or reinterpret memory.
+    add = torch.ops.torchops._accumulator_add_
+    acc = torch.zeros(4, device=device)
+    with pytest.raises(ValueError, match="accum has 4 elements but gradient has 5"):
+        add(acc, torch.ones(5, device=device), False)
+    with pytest.raises(RuntimeError, match="must be contiguous"):
+        add(torch.zeros(4, 2, device=device).t(), torch.ones(2, 4, device=device), False)
+    with pytest.raises(RuntimeError, match="accum must be Float for Half gradients, got Double"):
+        add(torch.zeros(4, dtype=torch.float64, device=device), torch.ones(4, dtype=torch.half, device=device), False)
+    with pytest.raises(RuntimeError, match="accum must be Float for Float gradients, got Half"):
+        add(torch.zeros(0, dtype=torch.half, device=device), torch.ones(0, device=device), False)
+    add(acc, torch.full((4,), 2.0, device=device), False)
+    add(acc, torch.full((4,), 3.0, device=device), False)
+    assert acc.tolist() == [5.0] * 4
+    g16 = torch.full((4,), 1.5, dtype=torch.bfloat16, device=device)
+    add(acc, g16, True)
+    assert acc.tolist() == [1.5] * 4
+
+
 def test_sharing_and_mismatch():
     name = "test_sharing_and_mismatch"
     a = ConditionalAccumulator(torch.float32, shape=[2], shared_name=name)

@@ -2,6 +2,8 @@
 // accumulator's own contiguous buffer in the opmath dtype (float for half/bfloat16 gradients) and
 // gradient is contiguous (csrc/accumulator.cpp makes it so). Memory-bound: one pass, vectorized (by the compiler),
 // split over threads in chunks large enough to amortise the fork.
+#include "accumulator/add_checks.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/Parallel.h>
@@ -44,17 +46,11 @@ void add_chunk(U* __restrict acc, const T* __restrict g, int64_t n, bool copy) {
 void accumulator_add_cpu(const at::Tensor& accum, const at::Tensor& gradient, bool copy) {
   TORCH_CHECK(accum.is_cpu() && gradient.is_cpu(), "_accumulator_add_ (CPU): expected CPU tensors, got accum on ",
               accum.device(), " and gradient on ", gradient.device());
-  TORCH_CHECK(accum.is_contiguous() && gradient.is_contiguous(),
-              "_accumulator_add_: accum and gradient must be contiguous");
-  TORCH_CHECK_VALUE(accum.numel() == gradient.numel(), "_accumulator_add_: accum has ", accum.numel(),
-                    " elements but gradient has ", gradient.numel());
+  check_accumulator_add(accum, gradient);
   const int64_t n = gradient.numel();
   if (n == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gradient.scalar_type(), "_accumulator_add_", [&] {
     using U = at::opmath_type<scalar_t>;
-    TORCH_CHECK(accum.scalar_type() == c10::CppTypeToScalarType<U>::value, "_accumulator_add_: accum must be ",
-                c10::CppTypeToScalarType<U>::value, " for ", gradient.scalar_type(), " gradients, got ",
-                accum.scalar_type());
     U* acc = accum.mutable_data_ptr<U>();
     const scalar_t* g = gradient.const_data_ptr<scalar_t>();
     at::parallel_for(0, n, kGrain, [&](int64_t begin, int64_t end) {

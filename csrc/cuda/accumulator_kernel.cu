@@ -1,5 +1,7 @@
 // CUDA kernel of the accumulators' in-place accumulation: accum (+)= gradient on the current stream,
 // accum in the opmath dtype (float for half/bfloat16). Both contiguous (see csrc/accumulator.cpp).
+#include "accumulator/add_checks.h"
+
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/core/Tensor.h>
@@ -30,10 +32,7 @@ void accumulator_add_cuda(const at::Tensor& accum, const at::Tensor& gradient, b
   TORCH_CHECK(accum.is_cuda() && gradient.is_cuda() && accum.device() == gradient.device(),
               "_accumulator_add_ (CUDA): expected accum and gradient on one CUDA device, got ", accum.device(),
               " and ", gradient.device());
-  TORCH_CHECK(accum.is_contiguous() && gradient.is_contiguous(),
-              "_accumulator_add_: accum and gradient must be contiguous");
-  TORCH_CHECK_VALUE(accum.numel() == gradient.numel(), "_accumulator_add_: accum has ", accum.numel(),
-                    " elements but gradient has ", gradient.numel());
+  check_accumulator_add(accum, gradient);
   const int64_t n = gradient.numel();
   if (n == 0) return;
   c10::cuda::CUDAGuard guard(gradient.device());
@@ -43,9 +42,6 @@ void accumulator_add_cuda(const at::Tensor& accum, const at::Tensor& gradient, b
   const int blocks = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>((n + threads - 1) / threads, max_blocks)));
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gradient.scalar_type(), "_accumulator_add_", [&] {
     using U = at::opmath_type<scalar_t>;
-    TORCH_CHECK(accum.scalar_type() == c10::CppTypeToScalarType<U>::value, "_accumulator_add_: accum must be ",
-                c10::CppTypeToScalarType<U>::value, " for ", gradient.scalar_type(), " gradients, got ",
-                accum.scalar_type());
     U* acc = accum.mutable_data_ptr<U>();
     const scalar_t* g = gradient.const_data_ptr<scalar_t>();
     if (copy)

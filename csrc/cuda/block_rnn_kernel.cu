@@ -3,6 +3,7 @@
 // element, grid-stride loops with int64 indices, the scalar math of common/block_rnn_math.h.
 #include "block_rnn.h"
 #include "common/block_rnn_math.h"
+#include "cuda/grid_loop.cuh"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -11,22 +12,12 @@
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
-#include <algorithm>
-
 namespace torchops {
 namespace brnn {
 namespace {
 
-constexpr int kThreads = 256;
-
-inline int num_blocks(int64_t n) {
-  const int64_t blocks = (n + kThreads - 1) / kThreads;
-  return static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(blocks, int64_t(1) << 20)));
-}
-
-#define TORCHOPS_GRID_LOOP(idx, n)                                                                   \
-  for (int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; idx < (n);       \
-       idx += static_cast<int64_t>(blockDim.x) * gridDim.x)
+using cuda_grid::kThreads;
+using cuda_grid::num_blocks;
 
 template <typename T>
 __device__ __forceinline__ at::opmath_type<T> ld(const T* p, int64_t k) {

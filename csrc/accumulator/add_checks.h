@@ -1,0 +1,24 @@
+// The operand checks of the internal op _accumulator_add_ (accum (+)= gradient), made by both per-device
+// kernels (csrc/cpu/accumulator_kernel.cpp, csrc/cuda/accumulator_kernel.cu) before they touch memory:
+// csrc/accumulator.cpp hands them contiguous operands with accum in the gradient's opmath dtype.
+#pragma once
+
+#include <ATen/OpMathType.h>
+#include <ATen/core/Tensor.h>
+#include <c10/util/Exception.h>
+
+namespace torchops {
+namespace accumulator {
+
+inline void check_accumulator_add(const at::Tensor& accum, const at::Tensor& gradient) {
+  TORCH_CHECK(accum.is_contiguous() && gradient.is_contiguous(),
+              "_accumulator_add_: accum and gradient must be contiguous");
+  TORCH_CHECK_VALUE(accum.numel() == gradient.numel(), "_accumulator_add_: accum has ", accum.numel(),
+                    " elements but gradient has ", gradient.numel());
+  const auto want = at::toOpMathType(gradient.scalar_type());
+  TORCH_CHECK(accum.scalar_type() == want, "_accumulator_add_: accum must be ", want, " for ",
+              gradient.scalar_type(), " gradients, got ", accum.scalar_type());
+}
+
+}  // namespace accumulator
+}  // namespace torchops
