@@ -93,9 +93,12 @@ class StepGemm {
     const at::Tensor w = trans_ ? w_.t() : w_;
     // BLAS leading dimensions must cover a row: a size-1 dimension may carry any stride (a [1, n]
     // tensor with strides (1, 1) is "contiguous"), so such operands take the ATen path.
-    // (torchops' kernel takes any number of rows; MKL's packed B is for `rows` rows.)
-    if (!packed_.defined() || a.stride(1) != 1 || out.stride(1) != 1 || (!own_ && a.size(0) != m_) || a.stride(0) < k_ ||
-        out.stride(0) < n_ || a.stride(0) > std::numeric_limits<int>::max() ||
+    // (torchops' kernel takes any number of rows, and reads a transposed view of `a` in place; MKL's packed
+    // B is for `rows` rows.)
+    const bool a_trans = own_ && a.stride(1) != 1 && a.stride(0) == 1 && a.size(0) > 1;
+    const int64_t lda = a_trans ? a.stride(1) : a.stride(0);
+    if (!packed_.defined() || (a.stride(1) != 1 && !a_trans) || out.stride(1) != 1 || (!own_ && a.size(0) != m_) ||
+        lda < (a_trans ? a.size(0) : k_) || out.stride(0) < n_ || lda > std::numeric_limits<int>::max() ||
         out.stride(0) > std::numeric_limits<int>::max()) {
       if (beta == 0.0f)
         at::mm_out(out, a, w);
@@ -104,7 +107,7 @@ class StepGemm {
       return;
     }
     if (own_) {
-      cpu::packed_gemm_compute(a.size(0), n_, k_, a.const_data_ptr<float>(), a.stride(0), packed_.const_data_ptr<float>(),
+      cpu::packed_gemm_compute(a.size(0), n_, k_, a.const_data_ptr<float>(), lda, a_trans, packed_.const_data_ptr<float>(),
                                beta != 0.0f, out.mutable_data_ptr<float>(), out.stride(0));
       return;
     }

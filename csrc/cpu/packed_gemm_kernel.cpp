@@ -55,11 +55,11 @@ void pack(const float* b, int64_t ldb, bool trans, int64_t k, int64_t n, float* 
 #define TORCHOPS_PG_ROWS(X) X(0) X(1) X(2) X(3) X(4) X(5)
 #endif
 #define TORCHOPS_PG_ZERO(r) V c0_##r = zerov(), c1_##r = zerov();
-#define TORCHOPS_PG_FMA(r)                  \
-  {                                         \
-    const V ar = bcast(a[(r) * lda + q]);   \
-    c0_##r = fmav(ar, b0, c0_##r);           \
-    c1_##r = fmav(ar, b1, c1_##r);           \
+#define TORCHOPS_PG_FMA(r)                                           \
+  {                                                                  \
+    const V ar = bcast(kTransA ? a[q * lda + (r)] : a[(r) * lda + q]); \
+    c0_##r = fmav(ar, b0, c0_##r);                                    \
+    c1_##r = fmav(ar, b1, c1_##r);                                    \
   }
 #define TORCHOPS_PG_STORE(r)                                              \
   {                                                                       \
@@ -68,8 +68,9 @@ void pack(const float* b, int64_t ldb, bool trans, int64_t k, int64_t n, float* 
     storev(cr + kW, accumulate ? addv(loadv(cr + kW), c1_##r) : c1_##r); \
   }
 
-// One full tile: c[kMR, kNR] (+)= a[kMR, kc] @ panel block [kc, kNR]; the sums over k run in order, one
-// FMA each.
+// One full tile: c[kMR, kNR] (+)= A[kMR, kc] @ panel block [kc, kNR]; the sums over k run in order, one
+// FMA each. A(r, q) = a[r * lda + q], or a[q * lda + r] with kTransA (the tile's rows then share a line).
+template <bool kTransA>
 inline void tile(int64_t kc, const float* __restrict a, int64_t lda, const float* __restrict bp, float* __restrict c,
                  int64_t ldc, bool accumulate) {
   TORCHOPS_PG_ROWS(TORCHOPS_PG_ZERO)
@@ -84,11 +85,12 @@ inline void tile(int64_t kc, const float* __restrict a, int64_t lda, const float
 #undef TORCHOPS_PG_FMA
 #undef TORCHOPS_PG_STORE
 #else
+template <bool kTransA>
 inline void tile(int64_t kc, const float* a, int64_t lda, const float* bp, float* c, int64_t ldc, bool accumulate) {
   for (int r = 0; r < kMR; ++r) {
     for (int j = 0; j < kNR; ++j) {
       float s = 0.f;
-      for (int64_t q = 0; q < kc; ++q) s += a[r * lda + q] * bp[q * kNR + j];
+      for (int64_t q = 0; q < kc; ++q) s += (kTransA ? a[q * lda + r] : a[r * lda + q]) * bp[q * kNR + j];
       c[r * ldc + j] = accumulate ? c[r * ldc + j] + s : s;
     }
   }
@@ -97,19 +99,25 @@ inline void tile(int64_t kc, const float* a, int64_t lda, const float* bp, float
 
 // A partial tile (rows < kMR or nv < kNR): the rows are copied into a zero-padded block, the full tile
 // writes a scratch tile, and its valid part is stored.
-void partial_tile(int64_t rows, int64_t kc, const float* a, int64_t lda, const float* bp, float* c, int64_t ldc,
-                  int64_t nv, bool accumulate) {
+void partial_tile(int64_t rows, int64_t kc, const float* a, int64_t lda, bool trans_a, const float* bp, float* c,
+                  int64_t ldc, int64_t nv, bool accumulate) {
   alignas(64) float ablock[kMR * kKC];
   alignas(64) float cblock[kMR * kNR];
-  const float* ap = a;
-  int64_t ld = lda;
   if (rows < kMR) {
     std::fill(ablock, ablock + kMR * kc, 0.f);
-    for (int64_t r = 0; r < rows; ++r) std::memcpy(ablock + r * kc, a + r * lda, kc * sizeof(float));
-    ap = ablock;
-    ld = kc;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (trans_a) {
+        for (int64_t q = 0; q < kc; ++q) ablock[r * kc + q] = a[q * lda + r];
+      } else {
+        std::memcpy(ablock + r * kc, a + r * lda, kc * sizeof(float));
+      }
+    }
+    tile<false>(kc, ablock, kc, bp, cblock, kNR, false);
+  } else if (trans_a) {
+    tile<true>(kc, a, lda, bp, cblock, kNR, false);
+  } else {
+    tile<false>(kc, a, lda, bp, cblock, kNR, false);
   }
-  tile(kc, ap, ld, bp, cblock, kNR, false);
   for (int64_t r = 0; r < rows; ++r) {
     float* cr = c + r * ldc;
     const float* t = cblock + r * kNR;
@@ -117,9 +125,9 @@ void partial_tile(int64_t rows, int64_t kc, const float* a, int64_t lda, const f
   }
 }
 
-// Panels [p0, p1) of c = (or +=) a @ B.
+// Panels [p0, p1) of c = (or +=) A @ B.
 void compute_panels(int64_t p0, int64_t p1, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-                    const float* packed, bool accumulate, float* c, int64_t ldc) {
+                    bool trans_a, const float* packed, bool accumulate, float* c, int64_t ldc) {
   for (int64_t k0 = 0; k0 < k; k0 += kKC) {
     const int64_t kc = std::min(kKC, k - k0);
     const bool acc = accumulate || k0 > 0;
@@ -128,22 +136,25 @@ void compute_panels(int64_t p0, int64_t p1, int64_t m, int64_t n, int64_t k, con
       const float* bp = packed + j0 * k + k0 * kNR;
       for (int64_t i = 0; i < m; i += kMR) {
         const int64_t rows = std::min<int64_t>(kMR, m - i);
-        if (rows == kMR && nv == kNR)
-          tile(kc, a + i * lda + k0, lda, bp, c + i * ldc + j0, ldc, acc);
+        const float* ai = trans_a ? a + k0 * lda + i : a + i * lda + k0;
+        if (rows == kMR && nv == kNR && trans_a)
+          tile<true>(kc, ai, lda, bp, c + i * ldc + j0, ldc, acc);
+        else if (rows == kMR && nv == kNR)
+          tile<false>(kc, ai, lda, bp, c + i * ldc + j0, ldc, acc);
         else
-          partial_tile(rows, kc, a + i * lda + k0, lda, bp, c + i * ldc + j0, ldc, nv, acc);
+          partial_tile(rows, kc, ai, lda, trans_a, bp, c + i * ldc + j0, ldc, nv, acc);
       }
     }
   }
 }
 
-void compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed, bool accumulate,
-             float* c, int64_t ldc) {
+void compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool trans_a, const float* packed,
+             bool accumulate, float* c, int64_t ldc) {
   const int64_t panels = (n + kNR - 1) / kNR;
   // ~256K multiply-adds per task: a step GEMM of one thread's rows stays on that thread.
   const int64_t grain = std::max<int64_t>(1, (int64_t(1) << 18) / std::max<int64_t>(1, m * k * kNR));
   at::parallel_for(0, panels, grain, [&](int64_t p0, int64_t p1) {
-    compute_panels(p0, p1, m, n, k, a, lda, packed, accumulate, c, ldc);
+    compute_panels(p0, p1, m, n, k, a, lda, trans_a, packed, accumulate, c, ldc);
   });
 }
 
@@ -200,9 +211,9 @@ void packed_gemm_pack(const float* b, int64_t ldb, bool trans, int64_t k, int64_
   TORCHOPS_PGEMM_CALL(pack, b, ldb, trans, k, n, dst);
 }
 
-void packed_gemm_compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, const float* packed,
-                         bool accumulate, float* c, int64_t ldc) {
-  TORCHOPS_PGEMM_CALL(compute, m, n, k, a, lda, packed, accumulate, c, ldc);
+void packed_gemm_compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool trans_a,
+                         const float* packed, bool accumulate, float* c, int64_t ldc) {
+  TORCHOPS_PGEMM_CALL(compute, m, n, k, a, lda, trans_a, packed, accumulate, c, ldc);
 }
 
 #undef TORCHOPS_PGEMM_CALL
