@@ -652,6 +652,31 @@ def test_python_function_and_cpp_autograd_agree():
                 torch.testing.assert_close(u, v, atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_autograd_only_where_an_input_requires_grad(training):
+    # The Autograd kernels skip the autograd Function when nothing can be differentiated: same values, no
+    # graph; with any input requiring grad (here only offset) the graph is built as before.
+    base = _grad_inputs("NHWC", (2, 3, 2, 4), "cpu", seed=3)
+    plain = [t.detach() for t in base]
+    outs = fbn(*plain, 1e-3, 0.5, "NHWC", training)
+    assert not any(o.requires_grad for o in outs)
+    ins = plain[:2] + [plain[2].clone().requires_grad_()] + plain[3:]
+    outs_g = fbn(*ins, 1e-3, 0.5, "NHWC", training)
+    assert outs_g[0].requires_grad and not any(o.requires_grad for o in outs_g[1:])
+    for a, b in zip(outs, outs_g):
+        torch.testing.assert_close(a, b.detach(), atol=0, rtol=0, equal_nan=True)
+    (d_offset,) = torch.autograd.grad(outs_g[0].sum(), [ins[2]])
+    torch.testing.assert_close(d_offset, torch.full_like(d_offset, 2 * 2 * 3))
+    dy = torch.randn_like(plain[0])
+    g = fbn_grad(dy, plain[0], plain[1], outs[3], outs[4], outs[5], 1e-3, "NHWC", training)
+    assert not any(t.requires_grad for t in g)
+    dy_g = dy.clone().requires_grad_()
+    g2 = fbn_grad(dy_g, plain[0], plain[1], outs[3], outs[4], outs[5], 1e-3, "NHWC", training)
+    assert g2[0].requires_grad
+    for a, b in zip(g, g2):
+        torch.testing.assert_close(a, b.detach(), atol=0, rtol=0)
+
+
 def test_undefined_output_gradient_is_zero():
     ins = _grad_inputs("NHWC", (2, 2, 2, 3), "cpu")
     outs = fbn(*ins, 1e-3, 1.0, "NHWC", True)

@@ -7,6 +7,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/zeros_like.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/functions/utils.h>
 #include <torch/library.h>
 
 namespace torchops {
@@ -158,6 +159,13 @@ class FusedBatchNormGradV3Function : public torch::autograd::Function<FusedBatch
 ForwardResult fused_batch_norm_v3_autograd(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
                                            const at::Tensor& mean, const at::Tensor& variance, double epsilon,
                                            double eaf, c10::string_view data_format, bool is_training) {
+  // Nothing to differentiate (inference, no_grad, the first-order backward): straight to the kernel. The
+  // autograd Function's node and saved state cost ~4 us a call (measured: 9.3 -> 5.0 us over
+  // native_batch_norm's fixed cost).
+  if (!torch::autograd::compute_requires_grad(x, scale, offset, mean, variance)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call_forward(x, scale, offset, mean, variance, epsilon, eaf, data_format, is_training);
+  }
   auto r = FusedBatchNormV3Function::apply(x, scale, offset, mean, variance, epsilon, eaf, data_format, is_training);
   return {r[0], r[1], r[2], r[3], r[4], r[5]};
 }
@@ -165,6 +173,10 @@ ForwardResult fused_batch_norm_v3_autograd(const at::Tensor& x, const at::Tensor
 GradResult fused_batch_norm_grad_v3_autograd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                                              const at::Tensor& rs1, const at::Tensor& rs2, const at::Tensor& rs3,
                                              double epsilon, c10::string_view data_format, bool is_training) {
+  if (!torch::autograd::compute_requires_grad(dy, x, scale, rs1, rs2, rs3)) {  // as the forward's
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return call_grad(dy, x, scale, rs1, rs2, rs3, epsilon, data_format, is_training);
+  }
   auto r = FusedBatchNormGradV3Function::apply(dy, x, scale, rs1, rs2, rs3, epsilon, data_format, is_training);
   return {r[0], r[1], r[2], r[3], r[4]};
 }
