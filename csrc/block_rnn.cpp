@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <optional>
 #include <vector>
 
 
@@ -528,6 +529,11 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   at::Tensor zero_bc;
   if (!h_grad.defined() || !cs_grad.defined() || (any_gate && !all_gate)) zero_bc = at::zeros({B, C}, opts);
   at::Tensor dh_carry = at::zeros({B, C}, opts);
+  // torchops' kernel: each thread also computes its rows of x_grad step by step, while dgates_t is still in
+  // its cache (one GEMM over all steps after the loop cost a pass over dgates and a fork/join more).
+  const bool own = input_grads && StepGemm::own_kernel(w) && L * B > 1 && I > 0;
+  std::optional<StepGemm> x_gemm;
+  if (own) x_gemm.emplace(w_x, /*trans=*/true, B, 2);
   // As GRU's: a single step runs unsplit.
   for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
@@ -543,6 +549,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
     at::Tensor dh_s = rows_of(dh_carry, 0, b0, nb);
     const at::Tensor dcs_s = rows_of(out.cs_prev_grad, 0, b0, nb);  // zeros, updated in place
     StepGemm rec(w_h, true, nb, input_grads ? L : 0);
+    const at::Tensor xgs = own ? s3(out.x_grad) : at::Tensor();
     for (int64_t t = L - 1; t >= 0; --t) {
       const at::Tensor csp = t == 0 ? cs0 : f.cs.select(0, t - 1);
       const at::Tensor dg_t = dgs.select(0, t);
@@ -550,6 +557,10 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
                       f.co.select(0, t), csp, wci, wcf, wco, step(hgs, t), dh_s, step(csgs, t), gate(gis, t),
                       gate(gfs, t), gate(gos, t), gate(gcis, t), gate(gcos, t), use_peephole, ifco, dg_t, dcs_s);
       if (input_grads) rec.mm(dh_s, dg_t);
+      if (own) {
+        at::Tensor xg_t = xgs.select(0, t);
+        x_gemm->mm(xg_t, dg_t);
+      }
     }
   });
   if (use_peephole) {
@@ -572,13 +583,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   const at::Tensor dg2d = dgates.view({L * B, 4 * C});
   // w_grad = [x_t, h_{t-1}]^T @ dgates over all steps as one GEMM (as TF's per-step xh, gathered once):
   // one K = L*B GEMM with I + C rows beats three (x rows, h_prev, h[0 : L-1]) by ~6 % at T=50 B=32.
-  const bool own = StepGemm::own_kernel(dg2d) && L * B > 1 && I > 0;
-  at::Tensor x_grad2d = out.x_grad.narrow(0, 0, L).view({L * B, I});
-  if (own) {
-    StepGemm(w_x, /*trans=*/true, L * B, 2).mm(x_grad2d, dg2d);
-  } else {
-    mm_into(x_grad2d, dg2d, w_x.t());
-  }
+  if (!own) mm_into(out.x_grad.narrow(0, 0, L).view({L * B, I}), dg2d, w_x.t());
   at::Tensor xh = at::empty({L * B, I + C}, opts);
   xh.narrow(1, 0, I).copy_(x3.narrow(0, 0, L).view({L * B, I}));
   xh.narrow(1, I, C).narrow(0, 0, B).copy_(h_prev);
