@@ -42,32 +42,26 @@ class StepGemm {
  public:
   // w: [K, N] (trans: [N, K], used as its transpose), unit column stride; `rows` = rows of every `a`.
   StepGemm(const at::Tensor& w, bool trans, int64_t rows, int64_t steps) : w_(w), trans_(trans) {
-#ifdef TORCHOPS_MKL_PACKED_GEMM
     const int64_t n = trans ? w.size(0) : w.size(1), k = trans ? w.size(1) : w.size(0);
     const int64_t lim = std::numeric_limits<int>::max() / 2;
     if (steps < 2 || !w.is_cpu() || w.scalar_type() != at::kFloat || w.stride(1) != 1 || rows <= 0 || rows > lim ||
         n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || w.stride(0) < (trans ? k : n))
       return;
+    m_ = static_cast<int>(rows);
+    n_ = static_cast<int>(n);
+    k_ = static_cast<int>(k);
     if (cpu::packed_gemm_available()) {
       own_ = true;
-      m_ = static_cast<int>(rows);
-      n_ = static_cast<int>(n);
-      k_ = static_cast<int>(k);
       packed_ = at::empty({cpu::packed_gemm_size(k, n)}, w.options());
       cpu::packed_gemm_pack(w.const_data_ptr<float>(), w.stride(0), trans, k, n, packed_.mutable_data_ptr<float>());
       return;
     }
+#ifdef TORCHOPS_MKL_PACKED_GEMM
     if (!cblas_sgemm_pack_get_size || !cblas_sgemm_pack || !cblas_sgemm_compute) return;
-    m_ = static_cast<int>(rows);
-    n_ = static_cast<int>(n);
-    k_ = static_cast<int>(k);
     const size_t bytes = cblas_sgemm_pack_get_size(kBMatrix, m_, n_, k_);
     packed_ = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, w.options());
     cblas_sgemm_pack(kRowMajor, kBMatrix, trans ? kTrans : kNoTrans, m_, n_, k_, 1.0f, w.const_data_ptr<float>(),
                      static_cast<int>(w.stride(0)), packed_.mutable_data_ptr<float>());
-#else
-    (void)rows;
-    (void)steps;
 #endif
   }
   // Whether a StepGemm of w would use torchops' kernel (float32 on a CPU with it): callers then also route
@@ -90,7 +84,6 @@ class StepGemm {
  private:
   static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
   void run(at::Tensor& out, const at::Tensor& a, float beta) {
-    const at::Tensor w = trans_ ? w_.t() : w_;
     // BLAS leading dimensions must cover a row: a size-1 dimension may carry any stride (a [1, n]
     // tensor with strides (1, 1) is "contiguous"), so such operands take the ATen path.
     // (torchops' kernel takes any number of rows, and reads a transposed view of `a` in place; MKL's packed
@@ -100,6 +93,7 @@ class StepGemm {
     if (!packed_.defined() || (a.stride(1) != 1 && !a_trans) || out.stride(1) != 1 || (!own_ && a.size(0) != m_) ||
         lda < (a_trans ? a.size(0) : k_) || out.stride(0) < n_ || lda > std::numeric_limits<int>::max() ||
         out.stride(0) > std::numeric_limits<int>::max()) {
+      const at::Tensor w = trans_ ? w_.t() : w_;
       if (beta == 0.0f)
         at::mm_out(out, a, w);
       else

@@ -50,19 +50,16 @@ def faults_per_call(fn: Callable[[], object], device: torch.device, calls: int =
 def side_by_side(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,
                  min_time: float = 0.3):
     """Median times of two callables measured in alternating rounds (so drift hits both alike)."""
-    a, b = [], []
-    for _ in range(rounds):
-        a.append(median_seconds(ours, device, min_time))
-        b.append(median_seconds(native, device, min_time))
-    return statistics.median(a), statistics.median(b)
+    r = compare(ours, native, device, rounds, min_time)
+    return r["torchops_ms"] / 1e3, r["native_ms"] / 1e3
 
 
 def compare(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,
-            min_time: float = 0.3, floor: Optional[Callable[[], object]] = None) -> dict:
+            min_time: float = 0.3, floor: Optional[Callable[[], object]] = None, floor_name: str = "floor") -> dict:
     """side_by_side, plus the spread of the per-round ratio (min / median / max): one median hides how far
     single rounds wander on a noisy machine. `floor` (e.g. x.clone(), the least memory traffic the op can
     have) is timed in the same rounds, so that ours / floor compares runs made in the same machine state:
-    adds floor_ms and torchops/floor (the median of the per-round ratios)."""
+    adds `<floor_name>_ms` and `torchops/<floor_name>` (the median of the per-round ratios)."""
     a, b, f = [], [], []
     for _ in range(rounds):
         a.append(median_seconds(ours, device, min_time))
@@ -74,8 +71,8 @@ def compare(ours: Callable[[], object], native: Callable[[], object], device: to
     row = {"torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat,
            "ratio_min": min(ratios), "ratio_med": statistics.median(ratios), "ratio_max": max(ratios)}
     if floor is not None:
-        row["floor_ms"] = statistics.median(f) * 1e3
-        row["torchops/floor"] = statistics.median([x / y for x, y in zip(a, f)])
+        row[f"{floor_name}_ms"] = statistics.median(f) * 1e3
+        row[f"torchops/{floor_name}"] = statistics.median([x / y for x, y in zip(a, f)])
     return row
 
 

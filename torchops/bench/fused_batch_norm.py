@@ -46,12 +46,12 @@ def run(args):
     rows = []
     min_time = 0.1 if args.quick else 0.3
     for shape, layout, what, ours, native, nbytes, floor in _cases(device, torch.float32):
-        r = compare(ours, native, device, rounds=1 if args.quick else 5, min_time=min_time, floor=floor)
+        r = compare(ours, native, device, rounds=1 if args.quick else 5, min_time=min_time, floor=floor,
+                    floor_name="clone")
         row = {"case": f"{what} {tuple(shape)} {layout}", **r,
                "torchops_GB/s": nbytes / r["torchops_ms"] / 1e6, "native_GB/s": nbytes / r["native_ms"] / 1e6,
                "torchops_faults": faults_per_call(ours, device), "native_faults": faults_per_call(native, device)}
         if floor is not None:
-            row.update({"clone_ms": row.pop("floor_ms"), "torchops/clone": row.pop("torchops/floor")})
             row["clone/native"] = row["clone_ms"] / row["native_ms"]
         rows.append(row)
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
