@@ -22,6 +22,14 @@ def pytest_collection_modifyitems(config, items):
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.fixture
+def restore_threads():
+    """For tests that change torch's intra-op thread count."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 def build_libtorch_program(name, source):
     """Compile tests/cpp/<source> into a standalone libtorch executable (cached under build/tests/)."""
     from torch.utils.cpp_extension import load

@@ -684,13 +684,6 @@ def test_block_lstm_grads_match_reference_all_outputs(v2, use_peephole):
             close(a, torch.zeros_like(a) if b is None else b)
 
 
-@pytest.fixture
-def restore_threads():
-    n = torch.get_num_threads()
-    yield
-    torch.set_num_threads(n)
-
-
 def _outputs_and_grads_match(out, ref, args, ups):
     for a, b in zip(out, ref):
         close(a, b)

@@ -335,6 +335,26 @@ def test_channels_last_memory_is_read_in_place_and_kept(device, rank):
             torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_channels_first_inference_runs_across_planes_bitwise(dtype, threads, restore_threads):
+    # CPU channels-first inference runs over the planes as one flat, aligned run; a vector that straddles
+    # two planes takes its lanes' coefficients from both. Against the channels-last kernel (per-channel
+    # coefficient arrays, no plane boundaries), bit for bit: planes shorter than, equal to and not a
+    # multiple of a vector, 14x14 planes, thread chunks that start off alignment (1001 and 2049 channels:
+    # more planes than one chunk holds), and an input that starts one element into its storage.
+    torch.set_num_threads(threads)
+    shapes = [(2, 3, 1, 3), (2, 5, 2, 2), (3, 7, 1, 8), (2, 3, 3, 3), (2, 3, 5, 7), (4, 16, 14, 14),
+              (3, 1001, 3, 3), (2, 2049, 1, 9), (1, 2, 1, 40001)]
+    for k, shape in enumerate(shapes):
+        x, scale, offset, mean, var = make_inputs(shape, "NCHW", dtype, seed=40 + k)
+        want = fbn(x.contiguous(memory_format=torch.channels_last), scale, offset, mean, var, 1e-3, 1.0, "NCHW",
+                   False)[0]
+        assert torch.equal(fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0], want), shape
+        shifted = torch.empty(x.numel() + 1, dtype=dtype)[1:].view(shape).copy_(x)
+        assert torch.equal(fbn(shifted, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0], want), shape
+
+
 @pytest.mark.parametrize("shape", [(8, 64, 96, 96), (9, 24, 131, 151)])
 def test_channels_last_large_outputs_match_channels_first(shape):
     # CPU float32 channels-last outputs of >= 16 MB are written with non-temporal stores (C % 8 == 0; the
