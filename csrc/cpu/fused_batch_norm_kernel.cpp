@@ -324,10 +324,10 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
 }
 
 // y = normalize(x) over channels-first planes [k0, k1) (plane k has channel k % C) as one flat run: the
-// vectors stay aligned to x and y and run across plane boundaries, a vector that straddles one taking its
-// first lanes' coefficients from one plane and the rest from the next. Walking plane by plane instead (as
+// vectors stay aligned to y and run across plane boundaries, a vector that straddles one taking its first
+// lanes' coefficients from one plane and the rest from the next. Walking plane by plane instead (as
 // normalize_run does) left 14x14 planes (784 bytes) with a short tail each and half their vectors off
-// alignment: 1.1-1.2x a clone of 12.8 MB, against ~1.0 for this. Needs inner >= W (a vector straddles at
+// alignment (12.8 MB in-process: 1.21x a clone, 1.07x with this). Needs inner >= W (a vector straddles at
 // most one boundary); same operations per element as normalize_run, so the same bits.
 template <typename U>
 TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U* __restrict y, int64_t k0,
