@@ -31,6 +31,8 @@ namespace {
 
 using rnn_util::for_batch_slices;
 using rnn_util::rows_of;
+using rnn_util::shared_step_gemm;
+using rnn_util::slice_gemm;
 using rnn_util::StepGemm;
 
 // ------------------------------------------------------------------------------------------------
@@ -187,6 +189,9 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
   const auto opts = x3.options();
   const at::Tensor wru_x = w_ru.narrow(0, 0, I), wru_h = w_ru.narrow(0, I, C);
   const at::Tensor wc_x = w_c.narrow(0, 0, I), wc_h = w_c.narrow(0, I, C);
+  const int64_t chunk0 = projection_chunk(L, B), chunks0 = (L + chunk0 - 1) / chunk0;
+  const auto rec_ru_s = shared_step_gemm(wru_h, false, L), rec_c_s = shared_step_gemm(wc_h, false, L);
+  const auto prj_ru_s = shared_step_gemm(wru_x, false, chunks0), prj_c_s = shared_step_gemm(wc_x, false, chunks0);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     const at::Tensor xs = rows_of(x3, 1, b0, nb), hs = rows_of(h, 1, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
@@ -196,9 +201,12 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
     at::Tensor pre_c = at::empty({chunk, nb, C}, opts);
     at::Tensor hr = at::empty({nb, C}, opts);
     at::Tensor xbuf;
-    StepGemm rec_ru(wru_h, false, nb, L), rec_c(wc_h, false, nb, L);
     const int64_t chunks = (L + chunk - 1) / chunk;
-    StepGemm prj_ru(wru_x, false, chunk * nb, chunks), prj_c(wc_x, false, chunk * nb, chunks);
+    std::optional<StepGemm> l_rec_ru, l_rec_c, l_prj_ru, l_prj_c;
+    const StepGemm& rec_ru = slice_gemm(rec_ru_s, l_rec_ru, wru_h, false, nb, L);
+    const StepGemm& rec_c = slice_gemm(rec_c_s, l_rec_c, wc_h, false, nb, L);
+    const StepGemm& prj_ru = slice_gemm(prj_ru_s, l_prj_ru, wru_x, false, chunk * nb, chunks);
+    const StepGemm& prj_c = slice_gemm(prj_c_s, l_prj_c, wc_x, false, chunk * nb, chunks);
     for (int64_t t = 0; t < L; ++t) {
       if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM each
         const int64_t n = std::min(chunk, L - t);
@@ -242,6 +250,7 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
   at::Tensor hr_all = weight_grads ? at::empty({L, B, C}, opts) : at::Tensor();
   // A single step's backward runs unsplit: its transposed-weight GEMMs would re-pack the whole weight in
   // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
+  const auto rec_c_s = shared_step_gemm(wc_h, true, L), rec_ru_s = shared_step_gemm(wru_h, true, L);
   for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -255,7 +264,9 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
     at::Tensor carry = rows_of(dh_carry, 0, b0, nb);
     at::Tensor dh = at::empty({nb, C}, opts);
     at::Tensor d_hr = at::empty({nb, C}, opts);
-    StepGemm rec_c(wc_h, true, nb, L), rec_ru(wru_h, true, nb, L);
+    std::optional<StepGemm> l_rec_c, l_rec_ru;
+    const StepGemm& rec_c = slice_gemm(rec_c_s, l_rec_c, wc_h, true, nb, L);
+    const StepGemm& rec_ru = slice_gemm(rec_ru_s, l_rec_ru, wru_h, true, nb, L);
     for (int64_t t = L - 1; t >= 0; --t) {
       const at::Tensor hp = t == 0 ? h0 : hs.select(0, t - 1);
       const at::Tensor r_t = rs.select(0, t), u_t = us.select(0, t);
@@ -461,6 +472,8 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
                        bool ifco, const LstmOuts& out, const Kernels& k) {
   const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
   const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
+  const int64_t chunk0 = projection_chunk(L, B);
+  const auto rec_s = shared_step_gemm(w_h, false, L), prj_s = shared_step_gemm(w_x, false, (L + chunk0 - 1) / chunk0);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -469,7 +482,9 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
     const int64_t chunk = projection_chunk(L, nb);
     at::Tensor pre = at::empty({chunk, nb, 4 * C}, x3.options());
     at::Tensor xbuf;
-    StepGemm rec(w_h, false, nb, L), prj(w_x, false, chunk * nb, (L + chunk - 1) / chunk);
+    std::optional<StepGemm> l_rec, l_prj;
+    const StepGemm& rec = slice_gemm(rec_s, l_rec, w_h, false, nb, L);
+    const StepGemm& prj = slice_gemm(prj_s, l_prj, w_x, false, chunk * nb, (L + chunk - 1) / chunk);
     for (int64_t t = 0; t < L; ++t) {
       if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM
         const int64_t n = std::min(chunk, L - t);
@@ -535,6 +550,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   std::optional<StepGemm> x_gemm;
   if (own) x_gemm.emplace(w_x, /*trans=*/true, B, 2);
   // As GRU's: a single step runs unsplit.
+  const auto rec_s = shared_step_gemm(w_h, true, input_grads ? L : 0);
   for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -548,7 +564,8 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
     };
     at::Tensor dh_s = rows_of(dh_carry, 0, b0, nb);
     const at::Tensor dcs_s = rows_of(out.cs_prev_grad, 0, b0, nb);  // zeros, updated in place
-    StepGemm rec(w_h, true, nb, input_grads ? L : 0);
+    std::optional<StepGemm> l_rec;
+    const StepGemm& rec = slice_gemm(rec_s, l_rec, w_h, true, nb, input_grads ? L : 0);
     const at::Tensor xgs = own ? s3(out.x_grad) : at::Tensor();
     for (int64_t t = L - 1; t >= 0; --t) {
       const at::Tensor csp = t == 0 ? cs0 : f.cs.select(0, t - 1);
@@ -585,9 +602,23 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   // w_grad = [x_t, h_{t-1}]^T @ dgates over all steps as one GEMM (as TF's per-step xh, gathered once):
   // one K = L*B GEMM with I + C rows beats three (x rows, h_prev, h[0 : L-1]) by ~6 % at T=50 B=32.
   at::Tensor xh = at::empty({L * B, I + C}, opts);
-  xh.narrow(1, 0, I).copy_(x3.narrow(0, 0, L).view({L * B, I}));
-  xh.narrow(1, I, C).narrow(0, 0, B).copy_(h_prev);
-  if (L > 1) xh.narrow(1, I, C).narrow(0, B, (L - 1) * B).copy_(fw.h.narrow(0, 0, L - 1).view({(L - 1) * B, C}));
+  // Gathered step by step over the intra-op threads on the CPU (one 2.4 MB copy at T=50 B=32 ran on one
+  // thread while the other waited); copies inside a parallel region run on the calling thread.
+  auto gather = [&](int64_t t0, int64_t t1) {  // rows of steps [t0, t1): [x_t, h_{t-1}]
+    xh.narrow(0, t0 * B, (t1 - t0) * B).narrow(1, 0, I).copy_(x3.narrow(0, t0, t1 - t0).reshape({(t1 - t0) * B, I}));
+    if (t0 == 0) xh.narrow(0, 0, B).narrow(1, I, C).copy_(h_prev);
+    const int64_t s = std::max<int64_t>(t0, 1);
+    if (s < t1) xh.narrow(0, s * B, (t1 - s) * B).narrow(1, I, C).copy_(fw.h.narrow(0, s - 1, t1 - s).reshape({(t1 - s) * B, C}));
+  };
+  if (x3.is_cpu()) {
+    const at::ThreadLocalState tls;
+    at::parallel_for(0, L, 1, [&](int64_t t0, int64_t t1) {
+      const at::ThreadLocalStateGuard guard(tls);
+      gather(t0, t1);
+    });
+  } else {
+    gather(0, L);
+  }
   if (own) {
     // torchops' kernel reads xh^T in place (a transposed gather of xh cost ~5 % of the backward).
     StepGemm(dg2d, /*trans=*/false, I + C, 2).mm(out.w_grad, xh.t());

@@ -41,6 +41,8 @@ namespace {
 using at::Tensor;
 using rnn_util::for_batch_slices;
 using rnn_util::rows_of;
+using rnn_util::shared_step_gemm;
+using rnn_util::slice_gemm;
 using rnn_util::StepGemm;
 
 enum Mode { kRelu = 0, kTanh = 1, kLstm = 2, kGru = 3 };
@@ -366,6 +368,9 @@ void layer_forward(const Cfg& c, const Layout& lay, const Tensor& p, int64_t l, 
     at::addmm_out(const_cast<Tensor&>(g2d), bias, X.reshape({T * B, X.size(2)}), w.W.t());
   }
   const bool relu = c.mode == kRelu;
+  const Tensor proj = c.P > 0 ? w.Pm : w.R;
+  const auto rec_s = shared_step_gemm(w.R, /*trans=*/true, T);
+  const auto prj_s = shared_step_gemm(proj, /*trans=*/true, c.P > 0 ? T : 0);
   for_batch_slices(X, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     const Tensor gs = rows_of(gates, 1, b0, nb), hss = rows_of(r.hs[pl], 1, b0, nb), ys = rows_of(Y, 1, b0, nb);
@@ -374,8 +379,9 @@ void layer_forward(const Cfg& c, const Layout& lay, const Tensor& p, int64_t l, 
     const Tensor ls = rows_of(lens, 0, b0, nb);
     Tensor hprev = h0.select(0, pl).narrow(0, b0, nb);
     Tensor cprev = c.mode == kLstm ? c0.select(0, pl).narrow(0, b0, nb) : Tensor();
-    StepGemm rec(w.R, /*trans=*/true, nb, T);
-    StepGemm prj(c.P > 0 ? w.Pm : w.R, true, nb, c.P > 0 ? T : 0);
+    std::optional<StepGemm> l_rec, l_prj;
+    const StepGemm& rec = slice_gemm(rec_s, l_rec, w.R, /*trans=*/true, nb, T);
+    const StepGemm& prj = slice_gemm(prj_s, l_prj, proj, true, nb, c.P > 0 ? T : 0);
     Tensor gh = c.mode == kGru ? at::empty({nb, GH}, X.options()) : Tensor();
     for (int64_t s = 0; s < T; ++s) {
       const int64_t t = d == 0 ? s : T - 1 - s;
@@ -433,6 +439,9 @@ void layer_backward(const Cfg& c, const Layout& lay, const Tensor& p, const Tens
   const Tensor dgh_all = c.mode == kGru ? at::empty({T, B, GH}, opts) : dg_all;
   const Tensor dht_all = c.P > 0 ? at::empty({T, B, O}, opts) : Tensor();
   const bool relu = c.mode == kRelu;
+  const Tensor proj = c.P > 0 ? w.Pm : w.R;
+  const auto rec_s = shared_step_gemm(w.R, /*trans=*/false, T);
+  const auto prj_s = shared_step_gemm(proj, /*trans=*/false, c.P > 0 ? T : 0);
   for_batch_slices(X, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const Tensor& t) { return rows_of(t, 1, b0, nb); };
@@ -446,8 +455,9 @@ void layer_backward(const Cfg& c, const Layout& lay, const Tensor& p, const Tens
     Tensor dc = c.mode == kLstm ? dcN.select(0, pl).narrow(0, b0, nb).clone(at::MemoryFormat::Contiguous) : Tensor();
     Tensor dh = c.P > 0 ? Tensor() : at::empty({nb, O}, opts);
     Tensor dm = c.P > 0 ? at::empty({nb, H}, opts) : Tensor();
-    StepGemm rec(w.R, /*trans=*/false, nb, T);
-    StepGemm prj(c.P > 0 ? w.Pm : w.R, false, nb, c.P > 0 ? T : 0);
+    std::optional<StepGemm> l_rec, l_prj;
+    const StepGemm& rec = slice_gemm(rec_s, l_rec, w.R, /*trans=*/false, nb, T);
+    const StepGemm& prj = slice_gemm(prj_s, l_prj, proj, false, nb, c.P > 0 ? T : 0);
     for (int64_t s = 0; s < T; ++s) {
       const int64_t t = d == 0 ? T - 1 - s : s;
       const bool first = d == 0 ? t == 0 : t == T - 1;  // first step in the forward's processing order

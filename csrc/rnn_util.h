@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <limits>
+#include <optional>
 
 // MKL's packed-operand GEMM, exported by libtorch_cpu in MKL builds of PyTorch (x86). Declared weak
 // (ELF): in builds without it the pointers are null and StepGemm below falls back to the ATen GEMM. The
@@ -69,10 +70,10 @@ class StepGemm {
   static bool own_kernel(const at::Tensor& w) {
     return w.is_cpu() && w.scalar_type() == at::kFloat && cpu::packed_gemm_available();
   }
-  void addmm(at::Tensor& out, const at::Tensor& a) { run(out, a, 1.0f); }  // out += a @ op(w)
-  void mm(at::Tensor& out, const at::Tensor& a) { run(out, a, 0.0f); }     // out = a @ op(w)
+  void addmm(at::Tensor& out, const at::Tensor& a) const { run(out, a, 1.0f); }  // out += a @ op(w)
+  void mm(at::Tensor& out, const at::Tensor& a) const { run(out, a, 0.0f); }     // out = a @ op(w)
   // out = bias + a @ op(w), bias [N] added to every row (the input projections; any number of rows).
-  void bias_addmm(at::Tensor out, const at::Tensor& bias, const at::Tensor& a) {
+  void bias_addmm(at::Tensor out, const at::Tensor& bias, const at::Tensor& a) const {
     if (!own_) {
       at::addmm_out(out, bias, a, trans_ ? w_.t() : w_);
       return;
@@ -83,7 +84,7 @@ class StepGemm {
 
  private:
   static constexpr int kRowMajor = 101, kNoTrans = 111, kTrans = 112, kPacked = 151, kBMatrix = 162;
-  void run(at::Tensor& out, const at::Tensor& a, float beta) {
+  void run(at::Tensor& out, const at::Tensor& a, float beta) const {
     // BLAS leading dimensions must cover a row: a size-1 dimension may carry any stride (a [1, n]
     // tensor with strides (1, 1) is "contiguous"), so such operands take the ATen path.
     // (torchops' kernel takes any number of rows, and reads a transposed view of `a` in place; MKL's packed
@@ -117,6 +118,21 @@ class StepGemm {
   int m_ = 0, n_ = 0, k_ = 0;
   at::Tensor packed_;
 };
+
+// The batch-slice threads of a time loop (for_batch_slices) share one StepGemm of w when torchops' kernel
+// takes it: its packed weight serves any number of rows, so it is packed once before the slices, over all
+// threads, instead of once per slice (each thread packed the whole weight). Else none: each slice builds
+// its own (slice_gemm). Only read afterwards, so the threads may use it together.
+inline std::optional<StepGemm> shared_step_gemm(const at::Tensor& w, bool trans, int64_t steps) {
+  if (steps < 2 || !StepGemm::own_kernel(w)) return std::nullopt;
+  return std::optional<StepGemm>(std::in_place, w, trans, /*rows=*/1, steps);
+}
+
+// The shared StepGemm if there is one, else one for this slice's rows built into `local`.
+inline const StepGemm& slice_gemm(const std::optional<StepGemm>& shared, std::optional<StepGemm>& local,
+                                  const at::Tensor& w, bool trans, int64_t rows, int64_t steps) {
+  return shared ? *shared : local.emplace(w, trans, rows, steps);
+}
 
 // The time loops on the CPU run one slice of the batch per intra-op thread. Batch rows never interact
 // inside the recurrence, so each thread runs every step of its own rows (its GEMMs single-threaded, its
