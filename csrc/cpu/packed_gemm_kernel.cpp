@@ -44,6 +44,15 @@ void pack_panels(int64_t p0, int64_t p1, const float* b, int64_t ldb, bool trans
         for (int64_t r = 0; r < k; ++r) p[r * kNR + j] = src[r];
       }
     } else {
+#if TORCHOPS_ISA_LEVEL >= 1
+      if (nv == kNR) {  // inline vector copies (a library memcpy call per 64-128 bytes was ~half the pack)
+        for (int64_t r = 0; r < k; ++r) {
+          storev(p + r * kNR, loadv(b + r * ldb + j0));
+          storev(p + r * kNR + kW, loadv(b + r * ldb + j0 + kW));
+        }
+        continue;
+      }
+#endif
       for (int64_t r = 0; r < k; ++r) std::memcpy(p + r * kNR, b + r * ldb + j0, nv * sizeof(float));
     }
   }
