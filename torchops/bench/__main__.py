@@ -62,7 +62,7 @@ def main(argv=None) -> int:
 
 
 # Per-case values summarised over --repeat runs: name -> the row key it is read from (rows without it are skipped).
-REPEATED = {"ratio": "ratio", "torchops/clone": "torchops/clone"}
+REPEATED = {"ratio": "ratio", "torchops/clone": "torchops/clone", "aten_mul/clone": "aten_mul/clone"}
 
 
 def _repeat(args) -> int:

@@ -1,7 +1,7 @@
 """Timing helpers shared by the benchmark families."""
 import statistics
 import time
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -55,17 +55,24 @@ def side_by_side(ours: Callable[[], object], native: Callable[[], object], devic
 
 
 def compare(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,
-            min_time: float = 0.3, floor: Optional[Callable[[], object]] = None, floor_name: str = "floor") -> dict:
+            min_time: float = 0.3, floor: Optional[Callable[[], object]] = None, floor_name: str = "floor",
+            others: Optional[Dict[str, Callable[[], object]]] = None) -> dict:
     """side_by_side, plus the spread of the per-round ratio (min / median / max): one median hides how far
     single rounds wander on a noisy machine. `floor` (e.g. x.clone(), the least memory traffic the op can
     have) is timed in the same rounds, so that ours / floor compares runs made in the same machine state:
-    adds `<floor_name>_ms` and `torchops/<floor_name>` (the median of the per-round ratios)."""
+    adds `<floor_name>_ms` and `torchops/<floor_name>` (the median of the per-round ratios). `others` (name ->
+    callable, e.g. an ATen op with the same traffic) are timed in the same rounds too and compared with the
+    floor alike: `<name>_ms` and `<name>/<floor_name>`."""
+    others = others or {}
     a, b, f = [], [], []
+    o: Dict[str, List[float]] = {name: [] for name in others}
     for _ in range(rounds):
         a.append(median_seconds(ours, device, min_time))
         b.append(median_seconds(native, device, min_time))
         if floor is not None:
             f.append(median_seconds(floor, device, min_time))
+        for name, fn in others.items():
+            o[name].append(median_seconds(fn, device, min_time))
     ratios = [x / y for x, y in zip(a, b)]
     t_ours, t_nat = statistics.median(a), statistics.median(b)
     row = {"torchops_ms": t_ours * 1e3, "native_ms": t_nat * 1e3, "ratio": t_ours / t_nat,
@@ -73,6 +80,10 @@ def compare(ours: Callable[[], object], native: Callable[[], object], device: to
     if floor is not None:
         row[f"{floor_name}_ms"] = statistics.median(f) * 1e3
         row[f"torchops/{floor_name}"] = statistics.median([x / y for x, y in zip(a, f)])
+    for name, times in o.items():
+        row[f"{name}_ms"] = statistics.median(times) * 1e3
+        if floor is not None:
+            row[f"{name}/{floor_name}"] = statistics.median([x / y for x, y in zip(times, f)])
     return row
 
 
