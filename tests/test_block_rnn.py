@@ -1187,7 +1187,8 @@ def test_float32_sequences_forward_and_grads(T, L, B, I, C):
     # float32 sequences run the packed-weight recurrent GEMM (CPU: torchops' kernel with AVX2, else MKL's;
     # seq_len_max >= 2) or the ATen GEMM (one step): both must match the float64 reference, outputs and
     # all input gradients. The sizes cover the kernel's partial row tiles (a thread's 7 or 4 rows), partial
-    # column panels (4C = 68, 2C = 34) and k split into blocks (C = 260 forward, 4C > 256 backward).
+    # column panels (4C = 68, 2C = 34) and k split into blocks (the backward's k = 4C = 1040: more than one
+    # pass of 512 (AVX-512) or 1024 (AVX2)).
     def check(op, ref, args64, n_out):
         a32 = [a.float().requires_grad_() for a in args64]
         a64 = [a.detach().clone().requires_grad_() for a in args64]
