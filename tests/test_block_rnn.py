@@ -1214,6 +1214,15 @@ def test_float32_sequences_forward_and_grads(T, L, B, I, C):
     check(lambda a: ops.block_gru(sl(L), *a), lambda a: ref_block_gru(*a, L=L), args, 4)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_float32_long_sequence_packs_split_over_threads(threads, restore_threads):
+    # T * B = 2240 rows of dgates: packing them for the weight-gradient GEMM is split over the intra-op threads
+    # by column panels (tasks of 65536 floats), and so is the [x_t, h_{t-1}] gather; outputs and gradients
+    # against the float64 reference as above.
+    torch.set_num_threads(threads)
+    test_float32_sequences_forward_and_grads(70, 70, 32, 8, 16)
+
+
 def test_packed_gemm_switch_gives_the_same_sequences():
     # TORCHOPS_CPU_PACKED_GEMM=0 turns torchops' packed GEMM off (MKL's packed GEMM or ATen instead): the
     # float32 BlockLSTM outputs and gradients of both paths agree to float32 rounding.
