@@ -9,7 +9,6 @@
 #include "rnn_util.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 #include <ATen/ops/addmm.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
@@ -611,11 +610,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
     if (s < t1) xh.narrow(0, s * B, (t1 - s) * B).narrow(1, I, C).copy_(fw.h.narrow(0, s - 1, t1 - s).reshape({(t1 - s) * B, C}));
   };
   if (x3.is_cpu()) {
-    const at::ThreadLocalState tls;
-    at::parallel_for(0, L, 1, [&](int64_t t0, int64_t t1) {
-      const at::ThreadLocalStateGuard guard(tls);
-      gather(t0, t1);
-    });
+    rnn_util::parallel_with_state(L, gather);
   } else {
     gather(0, L);
   }

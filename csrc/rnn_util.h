@@ -134,6 +134,17 @@ inline const StepGemm& slice_gemm(const std::optional<StepGemm>& shared, std::op
   return shared ? *shared : local.emplace(w, trans, rows, steps);
 }
 
+// at::parallel_for over [0, n) (grain 1) whose workers carry the caller's thread-local state: the op's
+// dispatch state (autograd excluded, grad mode) for the ATen calls they make.
+template <typename F>
+inline void parallel_with_state(int64_t n, const F& fn) {
+  const at::ThreadLocalState tls;
+  at::parallel_for(0, n, 1, [&](int64_t k0, int64_t k1) {
+    const at::ThreadLocalStateGuard guard(tls);
+    fn(k0, k1);
+  });
+}
+
 // The time loops on the CPU run one slice of the batch per intra-op thread. Batch rows never interact
 // inside the recurrence, so each thread runs every step of its own rows (its GEMMs single-threaded, its
 // element-wise kernels inline) and the threads meet once per call instead of twice per step (the GEMM's
@@ -148,9 +159,7 @@ inline void for_batch_slices(const at::Tensor& x, int64_t B, bool split, const F
     return;
   }
   const int64_t per = (B + n - 1) / n;
-  const at::ThreadLocalState tls;  // the op's dispatch state (autograd excluded, grad mode) for the workers
-  at::parallel_for(0, n, 1, [&](int64_t k0, int64_t k1) {
-    const at::ThreadLocalStateGuard guard(tls);
+  parallel_with_state(n, [&](int64_t k0, int64_t k1) {
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t b0 = k * per, b1 = std::min(B, b0 + per);
       if (b0 < b1) fn(b0, b1);
