@@ -726,11 +726,11 @@ def test_cuda_matches_cpu(mode):
         gpu = CLASSES[mode](2, 5, 4, direction="bidirectional", time_major=time_major, dtype=F64, device="cuda",
                             **kw)
         gpu.load_state_dict(cpu.state_dict())
-        x = torch.randn(6, 3, 4, dtype=F64)
+        x = torch.randn(6, 3, 4, dtype=F64) if time_major else torch.randn(3, 6, 4, dtype=F64)  # T=6, B=3
         lengths = torch.tensor([6, 0, 4])
         outs = []
         for m, dev in ((cpu, "cpu"), (gpu, "cuda")):
-            xi = x.to(dev).requires_grad_()
+            xi = x.detach().to(dev).requires_grad_()  # not x itself: the CUDA pass needs it to stay a leaf
             y, h, c = run(m, xi, None, lengths.to(dev))
             (y.sum() + h.sum()).backward()
             outs.append([t.cpu() for t in (y, h, xi.grad, m.params.grad) + ((c,) if c is not None else ())])
