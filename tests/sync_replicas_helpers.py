@@ -8,6 +8,15 @@ def model_fn():
     return nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)).double()
 
 
+def cuda_model_fn():
+    return model_fn().cuda()
+
+
+def cuda_loss_fn(model, batch):
+    x, y = batch
+    return nn.functional.mse_loss(model(x.cuda()), y.cuda())
+
+
 def optimizer_fn(params):
     return torch.optim.SGD(params, lr=0.1, momentum=0.5)
 

@@ -122,3 +122,19 @@ def test_processes_worker_killed_midrun_completes_with_stale():
     assert r.stale_gradients > 0
     assert r.worker_exitcodes[0] == -9 and r.worker_exitcodes[1:] == [0, 0]
     assert r.pushes_per_worker[0] <= 4
+
+
+@pytest.mark.cuda
+@pytest.mark.timeout(600)
+def test_processes_cuda_model_equals_single_process():
+    # models on the GPU in every process: parameters and gradients cross the RPC as CPU tensors
+    shards = H.make_shards(3)
+    r = train_sync_replicas(H.cuda_model_fn, H.optimizer_fn, H.cuda_loss_fn, shards, num_workers=3,
+                            replicas_to_aggregate=2, num_steps=NUM_STEPS, mode="processes",
+                            schedule=H.rotating_schedule, timeout=180)
+    assert r.global_steps == NUM_STEPS and r.stale_gradients == 0
+    ref = H.reference_run(shards, NUM_STEPS, H.rotating_schedule)
+    for k, v in r.state_dict.items():
+        assert v.is_cuda, k
+        torch.testing.assert_close(v.cpu(), ref[k], rtol=1e-10, atol=1e-10)  # (cuBLAS vs CPU float64 GEMMs)
+    assert r.worker_exitcodes == [0, 0, 0]

@@ -349,8 +349,11 @@ _PUSHES: List[int] = []
 _BYES: set = set()
 
 
+# RPC messages carry CPU tensors only: TensorPipe refuses CUDA tensors without device maps, and it refuses them
+# on the server's reply thread, where the error never reaches the worker (whose pull would then wait forever).
 def _rpc_pull(worker: int, last: int):
-    return _SERVER.pull(last, timeout=None)
+    step, params, done = _SERVER.pull(last, timeout=None)
+    return step, [p.cpu() for p in params], done
 
 
 def _rpc_push(worker: int, step: int, grads):
@@ -394,7 +397,7 @@ def _process_worker(rank: int, model_fn, loss_fn, data_shards, schedule, worker_
             return rpc.rpc_sync("ps", _rpc_pull, args=(w, last), timeout=0)
 
         def push(w, step, grads):
-            rpc.rpc_sync("ps", _rpc_push, args=(w, step, grads))
+            rpc.rpc_sync("ps", _rpc_push, args=(w, step, [None if g is None else g.cpu() for g in grads]))
 
         _worker_loop(rank, model, loss_fn, data_shards[rank], pull, push, schedule, worker_delay, lambda: True)
         try:
