@@ -45,3 +45,44 @@ def run_libtorch_program(exe, *args, timeout=300):
     env = dict(os.environ)
     env["LD_LIBRARY_PATH"] = os.path.join(os.path.dirname(torch.__file__), "lib") + os.pathsep + env.get("LD_LIBRARY_PATH", "")
     return subprocess.run([exe, *map(str, args)], capture_output=True, text=True, env=env, timeout=timeout)
+
+
+def python_exit_delays(scripts, tmp_path, marker, timeout=300):
+    """Runs each script in a fresh Python (the repo on its path) at the same time; each prints
+    f"{marker} {time.time()}" once it is done and only the interpreter's exit is left. Returns, per script,
+    (stdout, stderr, returncode, seconds from that print to the process's exit). Timing from the print, not from
+    the start, keeps a slow `import torch` on a loaded machine out of what a hang test measures."""
+    import sys
+    import time
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    files, procs = [], []
+    for i, script in enumerate(scripts):  # files, not pipes: a full pipe would block the exit being timed
+        out, err = open(tmp_path / f"out{i}", "w+"), open(tmp_path / f"err{i}", "w+")
+        files.append((out, err))
+        procs.append(subprocess.Popen([sys.executable, "-c", script], env=env, stdout=out, stderr=err, text=True))
+    exited = {}
+    deadline = time.monotonic() + timeout
+    try:
+        while len(exited) < len(procs):
+            for i, p in enumerate(procs):
+                if i not in exited and p.poll() is not None:
+                    exited[i] = time.time()
+            if len(exited) < len(procs) and time.monotonic() > deadline:
+                raise AssertionError(f"{len(procs) - len(exited)} of {len(procs)} processes still running after "
+                                     f"{timeout} s")
+            time.sleep(0.01)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    results = []
+    for i, (p, (out, err)) in enumerate(zip(procs, files)):
+        out.seek(0), err.seek(0)
+        o, e = out.read(), err.read()
+        out.close(), err.close()
+        printed = [line.split()[1] for line in o.splitlines() if line.startswith(marker + " ")]
+        delay = exited[i] - float(printed[-1]) if printed else float("inf")
+        results.append((o, e, p.returncode, delay))
+    return results
