@@ -355,6 +355,25 @@ def test_channels_first_inference_runs_across_planes_bitwise(dtype, threads, res
         assert torch.equal(fbn(shifted, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0], want), shape
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+def test_channels_last_inference_pairs_row_halves_bitwise(threads, restore_threads):
+    # CPU float32 channels-last inference below the streaming size (C % 8 == 0) walks each thread's rows
+    # as two halves together, sharing the coefficient loads. Bit for bit against the channels-first kernel:
+    # even and odd row counts per chunk, one row, rows split unevenly over threads, C = 8 and 256, an input
+    # that starts one element into its storage (unaligned rows).
+    torch.set_num_threads(threads)
+    for k, shape in enumerate([(1, 8, 1, 1), (1, 16, 1, 2), (1, 8, 1, 3), (3, 8, 5, 7), (2, 256, 3, 3),
+                               (5, 256, 7, 7), (64, 256, 14, 14), (7, 24, 13, 11)]):
+        x, scale, offset, mean, var = make_inputs(shape, "NCHW", torch.float32, seed=60 + k)
+        want = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0]
+        xcl = x.contiguous(memory_format=torch.channels_last)
+        assert torch.equal(fbn(xcl, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0], want), shape
+        n, c, h, w = shape
+        shifted = torch.empty(x.numel() + 1)[1:].view(n, h, w, c).copy_(xcl.permute(0, 2, 3, 1))
+        got = fbn(shifted, scale, offset, mean, var, 1e-3, 1.0, "NHWC", False)[0]
+        assert torch.equal(got.permute(0, 3, 1, 2), want), shape
+
+
 @pytest.mark.parametrize("shape", [(8, 64, 96, 96), (9, 24, 131, 151)])
 def test_channels_last_large_outputs_match_channels_first(shape):
     # CPU float32 channels-last outputs of >= 16 MB are written with non-temporal stores (C % 8 == 0; the

@@ -247,16 +247,41 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_rows(const T* __restrict x, T* __rest
   TORCHOPS_FBN_NO_FP_CONTRACT_BODY
 #if TORCHOPS_ISA_LEVEL >= 1
   if constexpr (std::is_same_v<T, float> && std::is_same_v<U, float>) {
+    // Intrinsics, one rounding each: the same (x - mean) * alpha + offset as the loop below.
+    auto norm = [](__m256 v, __m256 m, __m256 a, __m256 o) {
+      return _mm256_add_ps(_mm256_mul_ps(_mm256_sub_ps(v, m), a), o);
+    };
     if (stream) {
-      // Intrinsics, one rounding each: the same (x - mean) * alpha + offset as the loop below.
       for (int64_t r = 0; r < rows; ++r) {
         const float* xr = x + r * C;
         float* yr = y + r * C;
+        for (int64_t c = 0; c < C; c += 8)
+          _mm256_stream_ps(yr + c, norm(_mm256_loadu_ps(xr + c), _mm256_loadu_ps(mean + c), _mm256_loadu_ps(alpha + c),
+                                        _mm256_loadu_ps(offset + c)));
+      }
+      return;
+    }
+    if (C % 8 == 0) {
+      // The rows' two halves walked together, each coefficient vector loaded once for a row of each: four
+      // loads per vector of x (x and three coefficients) kept the load ports as busy as the L3 stream, and
+      // 2.5 measured 1.0-1.1x a clone in the op's process where the one-row loop ran at 1.2-1.4x (12.8 MB,
+      // channels-last). Two far-apart halves, not adjacent rows: adjacent pairs measured 1.5-2x slower.
+      const int64_t half = rows / 2, H = half * C;
+      for (int64_t r = 0; r < half; ++r) {
+        const float* xr = x + r * C;
+        float* yr = y + r * C;
         for (int64_t c = 0; c < C; c += 8) {
-          const __m256 d = _mm256_sub_ps(_mm256_loadu_ps(xr + c), _mm256_loadu_ps(mean + c));
-          _mm256_stream_ps(yr + c, _mm256_add_ps(_mm256_mul_ps(d, _mm256_loadu_ps(alpha + c)),
-                                                 _mm256_loadu_ps(offset + c)));
+          const __m256 m = _mm256_loadu_ps(mean + c), a = _mm256_loadu_ps(alpha + c), o = _mm256_loadu_ps(offset + c);
+          _mm256_storeu_ps(yr + c, norm(_mm256_loadu_ps(xr + c), m, a, o));
+          _mm256_storeu_ps(yr + H + c, norm(_mm256_loadu_ps(xr + H + c), m, a, o));
         }
+      }
+      if (rows % 2) {
+        const float* xr = x + (rows - 1) * C;
+        float* yr = y + (rows - 1) * C;
+        for (int64_t c = 0; c < C; c += 8)
+          _mm256_storeu_ps(yr + c, norm(_mm256_loadu_ps(xr + c), _mm256_loadu_ps(mean + c), _mm256_loadu_ps(alpha + c),
+                                        _mm256_loadu_ps(offset + c)));
       }
       return;
     }
