@@ -374,6 +374,27 @@ def test_channels_last_inference_pairs_row_halves_bitwise(threads, restore_threa
         assert torch.equal(got.permute(0, 3, 1, 2), want), shape
 
 
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("training", [True, False])
+def test_channels_last_row_passes_over_thread_chunks(training, threads, restore_threads):
+    # The CPU float32 channels-last row passes below the streaming size (C % 8 == 0) take each thread's
+    # chunk whole: the training forward's y walks it as two halves together, the backward's dx row by row.
+    # Against the float64 reference: chunks of even and odd row counts, one row, 257 and 1001 rows over 2-3
+    # threads.
+    torch.set_num_threads(threads)
+    for k, shape in enumerate([(1, 1, 1, 8), (1, 1, 3, 16), (3, 5, 7, 8), (5, 7, 7, 256), (1, 1, 257, 64),
+                               (7, 11, 13, 32)]):  # NHWC
+        x, scale, offset, mean, var = make_inputs(shape, "NHWC", torch.float32, seed=70 + k)
+        outs = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NHWC", training)
+        want = ref_forward(x, scale, offset, mean, var, 1e-3, 1.0, "NHWC", training)
+        torch.testing.assert_close(outs[0].double(), want[0], atol=2e-5, rtol=1e-5, msg=lambda m: f"{shape}: {m}")
+        dy = torch.randn(shape, generator=torch.Generator().manual_seed(80 + k))
+        mu, v = (outs[3], outs[4]) if training else (mean, var)
+        got = fbn_grad(dy, x, scale, mu, v, outs[5], 1e-3, "NHWC", training)
+        want = ref_backward(dy, x, scale, mu, v, 1e-3, "NHWC", training)
+        torch.testing.assert_close(got[0].double(), want[0], atol=2e-5, rtol=1e-5, msg=lambda m: f"{shape}: {m}")
+
+
 @pytest.mark.parametrize("shape", [(8, 64, 96, 96), (9, 24, 131, 151)])
 def test_channels_last_large_outputs_match_channels_first(shape):
     # CPU float32 channels-last outputs of >= 16 MB are written with non-temporal stores (C % 8 == 0; the
