@@ -263,9 +263,9 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_rows(const T* __restrict x, T* __rest
     }
     if (C % 8 == 0) {
       // The rows' two halves walked together, each coefficient vector loaded once for a row of each: four
-      // loads per vector of x (x and three coefficients) kept the load ports as busy as the L3 stream, and
-      // 2.5 measured 1.0-1.1x a clone in the op's process where the one-row loop ran at 1.2-1.4x (12.8 MB,
-      // channels-last). Two far-apart halves, not adjacent rows: adjacent pairs measured 1.5-2x slower.
+      // loads per vector of x (x and three coefficients) kept the load ports as busy as the L3 stream; with
+      // 2.5 the loop measured 0.97-1.12x a clone in the op's process where the one-row loop ran at 1.23-1.40x
+      // (12.8 MB, channels-last). Two far-apart halves, not adjacent rows: adjacent pairs measured 1.5-2x slower.
       const int64_t half = rows / 2, H = half * C;
       for (int64_t r = 0; r < half; ++r) {
         const float* xr = x + r * C;
