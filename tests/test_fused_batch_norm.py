@@ -514,11 +514,26 @@ def test_cpu_inference_is_tf_bitwise():
         assert ((g.double() - e).abs() <= 4 * torch.finfo(torch.float32).eps * (e.abs() + 4)).all()
 
 
-def test_inference_outputs_are_copies_not_views():
-    x, scale, offset, mean, var = make_inputs((2, 3, 4, 5), "NCHW")
+@pytest.mark.parametrize("stats", ["contiguous", "strided", "offset"])
+@pytest.mark.parametrize("n", [2, 0])
+def test_inference_outputs_are_copies_not_views(stats, n):
+    # The CPU copies are a memcpy for contiguous statistics (also at an offset into their storage), clone() else.
+    x, scale, offset, mean, var = make_inputs((n, 3, 4, 5), "NCHW")
+    if stats == "strided":
+        mean, var = torch.stack([mean, -mean], 1)[:, 0], torch.stack([var, var + 1], 1)[:, 0]
+        assert not mean.is_contiguous()
+    elif stats == "offset":
+        mean, var = torch.cat([mean[:1], mean])[1:], torch.cat([var[:1], var])[1:]
+        assert mean.storage_offset() == 1
+    before = (mean.clone(), var.clone())
     _, bm, bv, rs1, rs2, rs3 = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)
     for out, src in ((bm, mean), (rs1, mean), (bv, var), (rs2, var)):
+        assert out.shape == (3,) and out.is_contiguous() and not out.requires_grad
         assert torch.equal(out, src) and out.data_ptr() != src.data_ptr()
+    for out in (bm, bv, rs1, rs2):
+        out.add_(100.0)  # own storage each: neither the inputs nor the other outputs change
+    assert torch.equal(mean, before[0]) and torch.equal(var, before[1])
+    assert torch.equal(bm, rs1) and torch.equal(bv, rs2) and torch.equal(bm, before[0] + 100.0)
     assert rs3.shape == (0,)
 
 
