@@ -160,17 +160,17 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const bool has_data = p.layout.n() > 0 && channels > 0;
 
   if (!is_training) {
-    // Small outputs first: allocating them after the large y made glibc trim and re-fault y's pages on
-    // every call in some processes. The training forward below measured the opposite and allocates y first;
-    // both are glibc's heap heuristics, and these are the orders that faulted least in the bench.
-    ForwardResult out{at::Tensor(), copy_vector(mean), copy_vector(variance), copy_vector(mean),
-                      copy_vector(variance), reserve_3};
+    // y before the small outputs (as in the training forward below and in ATen). Small outputs first took
+    // their blocks from the start of the previous call's freed y at the heap top, the next y then no longer
+    // fit there and the heap grew by a second y; freeing both left twice y free at the top, past glibc's
+    // trim threshold (twice the largest block it has mmapped), and every later call faulted y in again.
     at::Tensor y = at::empty_like(p.x);
+    ForwardResult out{y, copy_vector(mean), copy_vector(variance), copy_vector(mean), copy_vector(variance),
+                      reserve_3};
     if (has_data) {
       kernels.infer_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), mean.contiguous(),
                             variance.contiguous(), epsilon, y);
     }
-    std::get<0>(out) = y;
     return out;
   }
   if (!has_data) {

@@ -355,6 +355,30 @@ def test_channels_first_inference_runs_across_planes_bitwise(dtype, threads, res
         assert torch.equal(fbn(shifted, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0], want), shape
 
 
+@pytest.mark.parametrize("fmt,shape", [("NCHW", (2, 3, 14, 14)), ("NCHW", (2, 3, 1, 3)), ("NHWC", (2, 3, 3, 8)),
+                                       ("NHWC", (2, 3, 3, 3))])
+def test_inference_keeps_signed_zeros(fmt, shape):
+    # (x - mean) * alpha + offset with IEEE signed zeros, as TF computes it: x = -0, mean = +0 and offset = -0
+    # give -0 (-0 - +0 = -0, * alpha > 0 = -0, + -0 = -0). Coefficients broadcast as 0 + s turned -0 into +0.
+    # Every CPU inference loop: channels-first planes of 196 (flat run) and 3 (per plane), channels-last
+    # rows of C = 8 and 3.
+    c = shape[cdim(fmt, 4)]
+    g = torch.Generator().manual_seed(5)
+    x = torch.tensor([-0.0, 0.0, -2.5, 1.5])[torch.randint(0, 4, shape, generator=g)]
+    mean = torch.tensor([0.0, -0.0]).repeat(c)[:c]
+    offset = torch.tensor([-0.0, -0.0, 0.0]).repeat(c)[:c]
+    scale, var = torch.full((c,), 2.0), torch.full((c,), 0.25)
+    y = fbn(x, scale, offset, mean, var, 1e-3, 1.0, fmt, False)[0]
+    shape_c = [1] * 4
+    shape_c[cdim(fmt, 4)] = c
+    alpha = (scale / torch.sqrt(var + 1e-3)).view(shape_c)
+    want = (x - mean.view(shape_c)) * alpha + offset.view(shape_c)
+    zeros = want == 0
+    assert zeros.any() and torch.signbit(want[zeros]).any() and (~torch.signbit(want[zeros])).any()
+    assert torch.equal(y == 0, zeros)
+    assert torch.equal(torch.signbit(y[zeros]), torch.signbit(want[zeros]))
+
+
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_channels_last_inference_pairs_row_halves_bitwise(threads, restore_threads):
     # CPU float32 channels-last inference below the streaming size (C % 8 == 0) walks each thread's rows

@@ -375,9 +375,15 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
   }
   V lane;
   for (int j = 0; j < W; ++j) lane[j] = static_cast<U>(j);
+  // A broadcast, not V{} + s: 0 + (-0) is +0, and x - (+0) keeps x = -0 where TF's x - (-0) gives +0.
+  auto splat = [](U s) {
+    V v;
+    for (int j = 0; j < W; ++j) v[j] = s;
+    return v;
+  };
   while (f + W <= end) {
     if (f == plane_end) next_plane();
-    const V m = V{} + mean[c], a = V{} + alpha[c], o = V{} + offset[c];
+    const V m = splat(mean[c]), a = splat(alpha[c]), o = splat(offset[c]);
     for (; f + W <= plane_end; f += W) {
       V v;
       std::memcpy(&v, x + f, sizeof(V));
@@ -388,7 +394,7 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
     // The vector across the boundary: lanes below it from channel c, the rest from the next plane's.
     const int64_t c2 = c + 1 == C ? 0 : c + 1;
     const auto first = lane < static_cast<U>(plane_end - f);
-    const V m2 = first ? m : V{} + mean[c2], a2 = first ? a : V{} + alpha[c2], o2 = first ? o : V{} + offset[c2];
+    const V m2 = first ? m : splat(mean[c2]), a2 = first ? a : splat(alpha[c2]), o2 = first ? o : splat(offset[c2]);
     V v;
     std::memcpy(&v, x + f, sizeof(V));
     v = (v - m2) * a2 + o2;
