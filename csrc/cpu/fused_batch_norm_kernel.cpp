@@ -24,6 +24,12 @@ struct Simd {
     }
     return v;
   }
+  // Every lane s. Not V{} + s: 0 + (-0) is +0, and x - (+0) keeps x = -0 where TF's x - (-0) gives +0.
+  static inline V splat(U s) {
+    V v;
+    for (int j = 0; j < kWidth; ++j) v[j] = s;
+    return v;
+  }
   static inline U hsum(V v) {
     U s = 0;
     for (int j = 0; j < kWidth; ++j) s += v[j];
@@ -375,15 +381,9 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
   }
   V lane;
   for (int j = 0; j < W; ++j) lane[j] = static_cast<U>(j);
-  // A broadcast, not V{} + s: 0 + (-0) is +0, and x - (+0) keeps x = -0 where TF's x - (-0) gives +0.
-  auto splat = [](U s) {
-    V v;
-    for (int j = 0; j < W; ++j) v[j] = s;
-    return v;
-  };
   while (f + W <= end) {
     if (f == plane_end) next_plane();
-    const V m = splat(mean[c]), a = splat(alpha[c]), o = splat(offset[c]);
+    const V m = S::splat(mean[c]), a = S::splat(alpha[c]), o = S::splat(offset[c]);
     for (; f + W <= plane_end; f += W) {
       V v;
       std::memcpy(&v, x + f, sizeof(V));
@@ -394,7 +394,8 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
     // The vector across the boundary: lanes below it from channel c, the rest from the next plane's.
     const int64_t c2 = c + 1 == C ? 0 : c + 1;
     const auto first = lane < static_cast<U>(plane_end - f);
-    const V m2 = first ? m : splat(mean[c2]), a2 = first ? a : splat(alpha[c2]), o2 = first ? o : splat(offset[c2]);
+    const V m2 = first ? m : S::splat(mean[c2]), a2 = first ? a : S::splat(alpha[c2]);
+    const V o2 = first ? o : S::splat(offset[c2]);
     V v;
     std::memcpy(&v, x + f, sizeof(V));
     v = (v - m2) * a2 + o2;
