@@ -277,7 +277,10 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_rows(const T* __restrict x, T* __rest
         const float* xr = x + r * C;
         float* yr = y + r * C;
         for (int64_t c = 0; c < C; c += 8) {
-          const __m256 m = _mm256_loadu_ps(mean + c), a = _mm256_loadu_ps(alpha + c), o = _mm256_loadu_ps(offset + c);
+          __m256 m = _mm256_loadu_ps(mean + c), a = _mm256_loadu_ps(alpha + c), o = _mm256_loadu_ps(offset + c);
+          // Held in registers for both rows: otherwise GCC folds each into both rows' arithmetic as a memory
+          // operand, eight loads per pair instead of five (12.8 MB: median 1.13x a clone, 1.04x with this).
+          asm("" : "+x"(m), "+x"(a), "+x"(o));
           _mm256_storeu_ps(yr + c, norm(_mm256_loadu_ps(xr + c), m, a, o));
           _mm256_storeu_ps(yr + H + c, norm(_mm256_loadu_ps(xr + H + c), m, a, o));
         }
