@@ -2,13 +2,13 @@
 // device-independent orchestration around the per-device kernels.
 #include "fused_batch_norm.h"
 
+#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <ATen/ops/full.h>
-#include <ATen/ops/zeros.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 
@@ -86,17 +86,46 @@ at::Tensor like_layout(const at::Tensor& t, const Prepared& p) {
   return p.channels_last ? t.contiguous(*p.channels_last) : t.contiguous();
 }
 
+// Plain malloc for the [C] statistics outputs on the CPU, so that they do not move y from call to call.
+// The CPU allocator asks posix_memalign for 64-byte alignment, which glibc serves from a block larger than
+// the size freed by the previous call: freed statistics were never reused, each call's 1 KB vectors were cut
+// from the free space around earlier y's, and y then rotated over 4-7 heap blocks where `clone`'s took 1-2
+// (bench column torchops_y_blocks). At 12.8 MB x and y about fill the L3, and a y that comes back at another
+// address each call is not in it: a copy into 6 rotating buffers took 1.25-1.3x one into 1-2. malloc'd
+// blocks of 1 KB come back from glibc's per-thread cache at their own size. The profiler's memory view does
+// not see these few bytes.
+struct StatsAllocator final : c10::Allocator {
+  static void release(void* p) { std::free(p); }
+  c10::DataPtr allocate(size_t n) override {
+    void* p = n == 0 ? nullptr : std::malloc(n);
+    TORCH_CHECK(n == 0 || p != nullptr, "out of memory allocating ", n, " bytes of batch norm statistics");
+    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    if (count > 0) std::memcpy(dest, src, count);
+  }
+};
+
+// An uninitialized [c] statistics vector.
+at::Tensor stats_empty(int64_t c, const at::TensorOptions& opts) {
+  if (!opts.device().is_cpu()) return at::empty({c}, opts);
+  static StatsAllocator allocator;
+  return at::detail::empty_generic({c}, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   opts.dtype().toScalarType(), std::nullopt);
+}
+
 // A fresh copy of a [C] statistics vector. On the CPU a plain memcpy: clone() goes through TensorIterator,
 // ~1 us per call, and inference returns four of these (4 us of its ~20 us fixed cost, measured).
 at::Tensor copy_vector(const at::Tensor& v) {
-  if (!v.is_cpu() || !v.is_contiguous()) return v.clone();
-  at::Tensor r = at::empty(v.sizes(), v.options());
+  if (!v.is_cpu() || !v.is_contiguous() || v.dim() != 1) return v.clone();
+  at::Tensor r = stats_empty(v.numel(), v.options());
   if (v.nbytes() > 0) std::memcpy(r.data_ptr(), v.const_data_ptr(), v.nbytes());
   return r;
 }
 
 at::Tensor nan_vector(int64_t c, const at::TensorOptions& opts) {
-  return at::full({c}, std::numeric_limits<double>::quiet_NaN(), opts);
+  return stats_empty(c, opts).fill_(std::numeric_limits<double>::quiet_NaN());
 }
 
 // Attributes are float32 in TF; round them as TF does when the statistics are float32.
@@ -160,13 +189,14 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const bool has_data = p.layout.n() > 0 && channels > 0;
 
   if (!is_training) {
-    // y before the small outputs (as in the training forward below and in ATen). Small outputs first took
-    // their blocks from the start of the previous call's freed y at the heap top, the next y then no longer
-    // fit there and the heap grew by a second y; freeing both left twice y free at the top, past glibc's
-    // trim threshold (twice the largest block it has mmapped), and every later call faulted y in again.
+    // The small outputs before y (see StatsAllocator): nothing is then cut from the space around y in this
+    // call, and the block y frees takes the next call's y. (When they came from posix_memalign, small outputs
+    // first were cut from the front of the previous y's block and, at 25 MB, y was trimmed and faulted in
+    // again on every call; from malloc they come from the thread cache.)
+    at::Tensor bm = copy_vector(mean), bv = copy_vector(variance);
+    at::Tensor r1 = copy_vector(mean), r2 = copy_vector(variance);
     at::Tensor y = at::empty_like(p.x);
-    ForwardResult out{y, copy_vector(mean), copy_vector(variance), copy_vector(mean), copy_vector(variance),
-                      reserve_3};
+    ForwardResult out{y, bm, bv, r1, r2, reserve_3};
     if (has_data) {
       kernels.infer_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), mean.contiguous(),
                             variance.contiguous(), epsilon, y);
@@ -181,15 +211,12 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
     return {y, batch_mean, batch_var, nan_vector(channels, uopts), nan_vector(channels, uopts), reserve_3};
   }
 
-  // y before the small outputs, as ATen's batch norm does. Small outputs first were served from the front of
-  // the previous call's freed y, so the next y no longer fit there, came from the heap top and was trimmed
-  // again when freed: 2,500-5,000 page faults per call at 25 MB in 4 of 6 replays of the bench's first case
-  // (ATen: 0); y first: none in 6.
+  // The small outputs before y, as in inference above.
+  at::Tensor mean_b = stats_empty(channels, uopts);
+  at::Tensor var_b = stats_empty(channels, uopts);
+  at::Tensor batch_mean = stats_empty(channels, uopts);
+  at::Tensor batch_var = stats_empty(channels, uopts);
   at::Tensor y = at::empty_like(p.x);
-  at::Tensor mean_b = at::empty({channels}, uopts);
-  at::Tensor var_b = at::empty({channels}, uopts);
-  at::Tensor batch_mean = at::empty({channels}, uopts);
-  at::Tensor batch_var = at::empty({channels}, uopts);
   kernels.train_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), epsilon, y, mean_b, var_b);
 
   const int64_t n = p.layout.n();
@@ -238,9 +265,9 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
 
   const auto uopts = x.options().dtype(stats_dtype(x));
   Prepared p = prepare(x, cdim);
-  at::Tensor dx = at::empty_like(p.x);
-  at::Tensor dscale = at::zeros({channels}, uopts);
-  at::Tensor doffset = at::zeros({channels}, uopts);
+  at::Tensor dscale = stats_empty(channels, uopts).zero_();
+  at::Tensor doffset = stats_empty(channels, uopts).zero_();
+  at::Tensor dx = at::empty_like(p.x);  // after the small outputs, as in the forward
   if (p.layout.n() > 0 && channels > 0) {
     kernels.backward(p.layout, like_layout(y_backprop, p), p.x, scale.contiguous(), reserve_space_1.contiguous(),
                      reserve_space_2.contiguous(), epsilon, is_training, dx, dscale, doffset);

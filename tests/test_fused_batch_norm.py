@@ -561,6 +561,28 @@ def test_inference_outputs_are_copies_not_views(stats, n):
     assert rs3.shape == (0,)
 
 
+def test_cpu_statistics_outputs_are_ordinary_tensors(tmp_path):
+    # On the CPU the [C] outputs come from plain malloc, not the CPU allocator (csrc/fused_batch_norm.cpp,
+    # StatsAllocator): they must still grow, move to shared memory, pickle and free like any tensor.
+    x, scale, offset, mean, var = make_inputs((4, 3, 5, 6), "NHWC")
+    train = fbn(x, scale, offset, mean, var, 1e-3, 0.5, "NHWC", True)
+    infer = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NHWC", False)
+    grads = fbn_grad(torch.randn_like(x), x, scale, train[3], train[4], train[5], 1e-3, "NHWC", True)
+    outs = list(train[1:5]) + list(infer[1:5]) + list(grads[1:3])
+    c = x.shape[-1]
+    for i, out in enumerate(outs):
+        assert out.shape == (c,) and out.dtype == torch.float32 and out.untyped_storage().resizable()
+        want = out.clone()
+        out.resize_(1000)  # reallocates through the tensor's own allocator and keeps the values
+        assert torch.equal(out[:c], want)
+        out[c:] = float(i)
+        out.share_memory_()
+        assert out.is_shared() and torch.equal(out[:c], want) and (out[c:] == i).all()
+    torch.save(outs, tmp_path / "stats.pt")
+    back = torch.load(tmp_path / "stats.pt")
+    assert all(torch.equal(a, b) for a, b in zip(outs, back))
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_empty_input_three_regimes(device):
     x = torch.empty(0, 3, 4, 5, device=device)

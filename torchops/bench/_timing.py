@@ -47,6 +47,19 @@ def faults_per_call(fn: Callable[[], object], device: torch.device, calls: int =
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
+def output_blocks(fn: Callable[[], object], calls: int = 20) -> int:
+    """How many distinct addresses fn()'s (first) output takes over `calls` calls, each freed before the next.
+    glibc hands a large freed block back only under some heap layouts; where x and y together about fill the
+    L3, a y that rotates over several blocks is written from DRAM each call where one that comes back stays
+    cached (docs/fused_batch_norm.md, "Which buffer y is")."""
+    seen = set()
+    for _ in range(calls):
+        out = fn()
+        seen.add((out[0] if isinstance(out, tuple) else out).data_ptr())
+        del out
+    return len(seen)
+
+
 def side_by_side(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,
                  min_time: float = 0.3):
     """Median times of two callables measured in alternating rounds (so drift hits both alike)."""

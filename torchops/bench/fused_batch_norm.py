@@ -6,11 +6,12 @@ inference forward must move) in the same rounds as the op, so `clone/native` is 
 memory can reach and `torchops/clone` (median of the per-round ratios) compares runs in the same machine state.
 `aten_mul/clone` times ATen's `x * 2` the same way: one read, one write and one operation per element, what an
 inference pass costs without per-channel coefficients, so its spread over runs shows how close to `clone` any
-computing pass stays on the machine.
+computing pass stays on the machine. `torchops_y_blocks` / `clone_y_blocks`: how many heap blocks the output y
+rotates over in 20 calls (`_timing.output_blocks`).
 """
 import torch
 
-from ._timing import RATIO_COLUMNS, compare, faults_per_call, print_table
+from ._timing import RATIO_COLUMNS, compare, faults_per_call, output_blocks, print_table
 
 SHAPES = [(32, 64, 56, 56), (64, 256, 14, 14)]
 
@@ -56,9 +57,12 @@ def run(args):
                "torchops_faults": faults_per_call(ours, device), "native_faults": faults_per_call(native, device)}
         if floor is not None:
             row["clone/native"] = row["clone_ms"] / row["native_ms"]
+            if device.type == "cpu":
+                row["torchops_y_blocks"], row["clone_y_blocks"] = output_blocks(ours), output_blocks(floor)
         rows.append(row)
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
                 ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS + ["torchops_GB/s", "native_GB/s", "torchops_faults",
                                                                      "native_faults", "clone_ms", "clone/native",
-                                                                     "torchops/clone", "aten_mul/clone"])
+                                                                     "torchops/clone", "aten_mul/clone",
+                                                                     "torchops_y_blocks", "clone_y_blocks"])
     return rows
