@@ -92,8 +92,8 @@ at::Tensor like_layout(const at::Tensor& t, const Prepared& p) {
 // from the free space around earlier y's, and y then rotated over 4-7 heap blocks where `clone`'s took 1-2
 // (bench column torchops_y_blocks). At 12.8 MB x and y about fill the L3, and a y that comes back at another
 // address each call is not in it: a copy into 6 rotating buffers took 1.25-1.3x one into 1-2. malloc'd
-// blocks of 1 KB come back from glibc's per-thread cache at their own size. The profiler's memory view does
-// not see these few bytes.
+// blocks are reused at their own size (1 KB ones from glibc's per-thread cache). The profiler's memory view
+// does not see these few bytes.
 struct StatsAllocator final : c10::Allocator {
   static void release(void* p) { std::free(p); }
   c10::DataPtr allocate(size_t n) override {

@@ -51,7 +51,7 @@ def output_blocks(fn: Callable[[], object], calls: int = 20) -> int:
     """How many distinct addresses fn()'s (first) output takes over `calls` calls, each freed before the next.
     glibc hands a large freed block back only under some heap layouts; where x and y together about fill the
     L3, a y that rotates over several blocks is written from DRAM each call where one that comes back stays
-    cached (docs/fused_batch_norm.md, "Which buffer y is")."""
+    cached (docs/fused_batch_norm.md, "tenth pass")."""
     seen = set()
     for _ in range(calls):
         out = fn()
