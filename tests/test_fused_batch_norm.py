@@ -291,6 +291,39 @@ def test_large_channel_statistics_are_accurate():
         torch.testing.assert_close(rs2.double(), x.double().var([0, 2, 3], unbiased=False), atol=1e-4, rtol=1e-4)
 
 
+def test_large_gradient_sums_are_accurate():
+    # sum(dy) and sum(dy * (x - mean)) over ~1.6M elements per channel, float32 blocks flushed into double
+    # totals: sum(dy * (x - mean)) cancels to ~1/6000 of the sum of its terms' magnitudes here. A plain float32
+    # running sum is off by 3.5e-5 (sum(dy)) and 5e-5 (the product sum) relative, beyond both tolerances.
+    g = torch.Generator().manual_seed(21)
+    x = torch.rand(64, 2, 160, 160, generator=g) + 1000.0
+    dy = torch.rand(64, 2, 160, 160, generator=g) + 1.0
+    s, o = torch.ones(2), torch.zeros(2)
+    for fmt, xi, dyi in (("NCHW", x, dy), ("NHWC", x.permute(0, 2, 3, 1).contiguous(),
+                                           dy.permute(0, 2, 3, 1).contiguous())):
+        _, _, _, rs1, rs2, rs3 = fbn(xi, s, o, torch.empty(0), torch.empty(0), 1e-3, 1.0, fmt, True)
+        _, ds, do, _, _ = fbn_grad(dyi, xi, s, rs1, rs2, rs3, 1e-3, fmt, True)
+        want_do = dy.double().sum([0, 2, 3])
+        want_ds = (dy.double() * (x.double() - rs1.double()[:, None, None])).sum([0, 2, 3])
+        want_ds = want_ds * (rs2.double() + 1e-3).rsqrt()
+        torch.testing.assert_close(do.double(), want_do, atol=0, rtol=1e-6)
+        torch.testing.assert_close(ds.double(), want_ds, atol=0, rtol=2e-5)
+
+
+@pytest.mark.parametrize("fmt", ["NCHW", "channels_last"])
+def test_streamed_inference_equals_unstreamed_slices(fmt):
+    # Float32 inference outputs of >= 16 MB are written with non-temporal stores (channels-first planes and
+    # channels-last rows alike); slices of the batch below that size take the plain stores. Same bits.
+    x, scale, offset, mean, var = make_inputs((32, 64, 56, 56), "NCHW", torch.float32, "cpu", seed=14)
+    if fmt == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    assert 2 * x.numel() * 4 >= 32 << 20
+    y = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0]
+    parts = [fbn(xs, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0] for xs in x.split(8)]
+    assert 2 * x[:8].numel() * 4 < 32 << 20
+    assert torch.equal(y, torch.cat(parts))
+
+
 # ---------------------------------------------------------------- layouts
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -4,7 +4,10 @@
 // totals: float32 statistics and gradient sums stay accurate over millions of elements at the cost of
 // one double add per stretch.
 constexpr int64_t kRowBlockStats = 32;  // channels-last rows per flush: statistics (centred by a shift)
-constexpr int64_t kRowBlockGrad = 8;    // ... gradient sums (products may cancel, so flush more often)
+// ... gradient sums. Flushing every 8 rows cost ~10 % of the channels-last backward (the float block zeroed
+// and added into the doubles each time); at 32 the sum of dy * (x - mean) over 1.6M rows per channel is
+// still within ~3e-6 of float64 where it cancels to 1/6000 of the sum of its terms' magnitudes (tested).
+constexpr int64_t kRowBlockGrad = 32;
 constexpr int64_t kRunChunk = 256;      // channels-first run elements per flush
 
 // 32-byte SIMD vectors through GCC/Clang vector extensions: explicit lanes without intrinsics, so
@@ -192,25 +195,31 @@ const double* row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchu
   return partial;
 }
 
-// The output is written with non-temporal stores (channels-last row passes, float32, AVX2 builds) when the
-// tensors of its size that the pass reads and writes (`tensors`: x and y forward; dy, x and dx backward) come
-// to 32 MB, the L3 of the machine this was measured on: a cached output would then only evict the inputs the
-// row pass still reads, and the stores skip reading the output's old lines first (x.clone() of 16 MB does
-// the same in glibc's memcpy). Measured on a 32 MB L3: 25 MB outputs 0.57 instead of 0.8-1.0 of ATen's time
-// (channels-last backward); the 12.8 MB backward (38 MB touched) 0.87-0.94 instead of 1.01-1.14 (8 processes,
-// in-process A/B); 12.8 MB inference (26 MB touched, x and y stay in L3 from call to call) slower streamed,
-// 1.03-1.30 instead of 0.97-1.19 of a clone. A fixed size: the L3 size a VM reports (sysconf) can be the host's.
+// The output is written with non-temporal stores (float32, AVX2 builds) when the tensors of its size that the
+// pass reads and writes (`tensors`: x and y forward; dy, x and dx backward) come to 32 MB, the L3 of the
+// machine this was measured on: a cached output would then only evict the inputs the pass still reads, and
+// the stores skip reading the output's old lines first (x.clone() of 16 MB does the same in glibc's memcpy).
+// Measured on a 32 MB L3: 25 MB outputs 0.57 instead of 0.8-1.0 of ATen's time (channels-last backward); the
+// 12.8 MB backward (38 MB touched) 0.87-0.94 instead of 1.01-1.14 (8 processes, in-process A/B); channels-first
+// inference at 25 MB 0.73-1.05 of a clone instead of 0.92-1.50 (10 process pairs); 12.8 MB inference (26 MB
+// touched, x and y stay in L3 from call to call) slower streamed, 1.03-1.30 instead of 0.97-1.19 of a clone.
+// A fixed size: the L3 size a VM reports (sysconf) can be the host's.
 constexpr int64_t kStreamFootprintBytes = int64_t(32) << 20;
 
 template <typename T>
-bool streams_output(const T* out, int64_t numel, int64_t C, int tensors) {
+bool streams_output(int64_t numel, int tensors) {
 #if TORCHOPS_ISA_LEVEL >= 1
-  return std::is_same_v<T, float> && tensors * numel * static_cast<int64_t>(sizeof(T)) >= kStreamFootprintBytes &&
-         C % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 32 == 0;
+  return std::is_same_v<T, float> && tensors * numel * static_cast<int64_t>(sizeof(T)) >= kStreamFootprintBytes;
 #else
-  (void)out, (void)numel, (void)C, (void)tensors;
+  (void)numel, (void)tensors;
   return false;
 #endif
+}
+
+// The channels-last row passes stream whole 32-byte vectors of each row: C % 8 == 0 and out aligned.
+template <typename T>
+bool streams_rows(const T* out, int64_t numel, int64_t C, int tensors) {
+  return streams_output<T>(numel, tensors) && C % 8 == 0 && reinterpret_cast<uintptr_t>(out) % 32 == 0;
 }
 
 inline void stream_fence(bool stream) {
@@ -247,7 +256,7 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_run(const T* __restrict x, T* __restr
   for (int64_t i = 0; i < n; ++i) y[i] = static_cast<T>(normalize(static_cast<U>(x[i]), mean, alpha, offset));
 }
 
-// stream: y is written with non-temporal stores (see streams_output); float only, C % 8 == 0, y 32-byte aligned.
+// stream: y is written with non-temporal stores (see streams_rows); float only, C % 8 == 0, y 32-byte aligned.
 template <typename T, typename U>
 TORCHOPS_FBN_NO_FP_CONTRACT void normalize_rows(const T* __restrict x, T* __restrict y, int64_t rows, int64_t C,
                                                 const U* __restrict mean, const U* __restrict alpha,
@@ -353,7 +362,7 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
     var_out[c] = var;
     alpha[c] = scaling_factor(var, eps, scale[c], c, C);
   }
-  const bool stream = streams_output(y, outer * C, C, 2);
+  const bool stream = streams_rows(y, outer * C, C, 2);
   rows_by_chunk(outer, nchunks, stream, [&](int64_t r0, int64_t r1) {
     normalize_rows(x + r0 * C, y + r0 * C, r1 - r0, C, mean, alpha, offset, stream);
   });
@@ -364,15 +373,26 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
 // lanes' coefficients from one plane and the rest from the next. Walking plane by plane instead (as
 // normalize_run does) left 14x14 planes (784 bytes) with a short tail each and half their vectors off
 // alignment (12.8 MB in-process: 1.21x a clone, 1.07x with this). Needs inner >= W (a vector straddles at
-// most one boundary); same operations per element as normalize_run, so the same bits.
+// most one boundary); same operations per element as normalize_run, so the same bits. stream: y's vectors are
+// written with non-temporal stores (see streams_output).
 template <typename U>
 TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U* __restrict y, int64_t k0,
                                                        int64_t k1, int64_t inner, int64_t C, const U* mean,
-                                                       const U* alpha, const U* offset) {
+                                                       const U* alpha, const U* offset, bool stream) {
   TORCHOPS_FBN_NO_FP_CONTRACT_BODY
   using S = Simd<U>;
   using V = typename S::V;
   constexpr int W = S::kWidth;
+  // Every vector store below is at an aligned y + f.
+  auto store = [stream](U* p, V v) {
+#if TORCHOPS_ISA_LEVEL >= 1
+    if constexpr (std::is_same_v<U, float>) {
+      if (stream) return _mm256_stream_ps(p, reinterpret_cast<__m256>(v));
+    }
+#endif
+    (void)stream;
+    std::memcpy(p, &v, sizeof(V));
+  };
   int64_t f = k0 * inner, plane_end = f + inner, c = k0 % C;
   const int64_t end = k1 * inner;
   auto next_plane = [&] {
@@ -392,8 +412,7 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
     for (; f + W <= plane_end; f += W) {
       V v;
       std::memcpy(&v, x + f, sizeof(V));
-      v = (v - m) * a + o;
-      std::memcpy(y + f, &v, sizeof(V));
+      store(y + f, (v - m) * a + o);
     }
     if (f == plane_end || f + W > end) continue;
     // The vector across the boundary: lanes below it from channel c, the rest from the next plane's.
@@ -403,8 +422,7 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
     const V o2 = first ? o : S::splat(offset[c2]);
     V v;
     std::memcpy(&v, x + f, sizeof(V));
-    v = (v - m2) * a2 + o2;
-    std::memcpy(y + f, &v, sizeof(V));
+    store(y + f, (v - m2) * a2 + o2);
     f += W;
     next_plane();
   }
@@ -420,8 +438,10 @@ void normalize_all(const Layout& L, const T* x, const U* mean, const U* alpha, c
   const int64_t C = L.channels, inner = L.inner;
   if constexpr (std::is_same_v<T, U>) {
     if (inner >= Simd<U>::kWidth) {
+      const bool stream = streams_output<U>(L.outer * C * inner, 2);
       at::parallel_for(0, L.outer * C, std::max<int64_t>(1, 16384 / inner), [&](int64_t k0, int64_t k1) {
-        normalize_planes_flat<U>(x, y, k0, k1, inner, C, mean, alpha, offset);
+        normalize_planes_flat<U>(x, y, k0, k1, inner, C, mean, alpha, offset, stream);
+        stream_fence(stream);
       });
       return;
     }
@@ -435,7 +455,7 @@ void normalize_all(const Layout& L, const T* x, const U* mean, const U* alpha, c
     });
     return;
   }
-  const bool stream = streams_output(y, L.outer * C, C, 2);
+  const bool stream = streams_rows(y, L.outer * C, C, 2);
   at::parallel_for(0, L.outer, std::max<int64_t>(1, 16384 / C), [&](int64_t r0, int64_t r1) {
     normalize_rows(x + r0 * C, y + r0 * C, r1 - r0, C, mean, alpha, offset, stream);
     stream_fence(stream);
@@ -532,7 +552,7 @@ void backward_typed(const Layout& L, const T* dy, const T* x, const U* scale, co
     doffset[c] = static_cast<U>(s_dy);
     dscale[c] = static_cast<U>(s_dyxc) * r;
   }
-  const bool stream = streams_output(dx, outer * C, C, 3);
+  const bool stream = streams_rows(dx, outer * C, C, 3);
   rows_by_chunk(outer, nchunks, stream, [&](int64_t r0, int64_t r1) {
     grad_input_rows(dy + r0 * C, x + r0 * C, dx + r0 * C, r1 - r0, C, mu, coefs, coefs + C, coefs + 2 * C, stream);
   });

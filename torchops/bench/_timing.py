@@ -1,7 +1,7 @@
 """Timing helpers shared by the benchmark families."""
 import statistics
 import time
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Set
 
 import torch
 
@@ -47,8 +47,8 @@ def faults_per_call(fn: Callable[[], object], device: torch.device, calls: int =
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
 
 
-def output_blocks(fn: Callable[[], object], calls: int = 20) -> int:
-    """How many distinct addresses fn()'s (first) output takes over `calls` calls, each freed before the next.
+def output_blocks(fn: Callable[[], object], calls: int = 20) -> Set[int]:
+    """The distinct addresses fn()'s (first) output takes over `calls` calls, each freed before the next.
     glibc hands a large freed block back only under some heap layouts; where x and y together about fill the
     L3, a y that rotates over several blocks is written from DRAM each call where one that comes back stays
     cached (docs/fused_batch_norm.md, "tenth pass")."""
@@ -57,7 +57,7 @@ def output_blocks(fn: Callable[[], object], calls: int = 20) -> int:
         out = fn()
         seen.add((out[0] if isinstance(out, tuple) else out).data_ptr())
         del out
-    return len(seen)
+    return seen
 
 
 def side_by_side(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,

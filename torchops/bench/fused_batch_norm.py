@@ -7,7 +7,8 @@ memory can reach and `torchops/clone` (median of the per-round ratios) compares 
 `aten_mul/clone` times ATen's `x * 2` the same way: one read, one write and one operation per element, what an
 inference pass costs without per-channel coefficients, so its spread over runs shows how close to `clone` any
 computing pass stays on the machine. `torchops_y_blocks` / `clone_y_blocks`: how many heap blocks the output y
-rotates over in 20 calls (`_timing.output_blocks`).
+rotates over in 20 calls (`_timing.output_blocks`); `shared_y_blocks`: how many of the op's blocks `clone` takes
+too (the same physical pages, so the same cache state).
 """
 import torch
 
@@ -58,11 +59,14 @@ def run(args):
         if floor is not None:
             row["clone/native"] = row["clone_ms"] / row["native_ms"]
             if device.type == "cpu":
-                row["torchops_y_blocks"], row["clone_y_blocks"] = output_blocks(ours), output_blocks(floor)
+                ours_y, clone_y = output_blocks(ours), output_blocks(floor)
+                row["torchops_y_blocks"], row["clone_y_blocks"] = len(ours_y), len(clone_y)
+                row["shared_y_blocks"] = len(ours_y & clone_y)
         rows.append(row)
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
                 ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS + ["torchops_GB/s", "native_GB/s", "torchops_faults",
                                                                      "native_faults", "clone_ms", "clone/native",
                                                                      "torchops/clone", "aten_mul/clone",
-                                                                     "torchops_y_blocks", "clone_y_blocks"])
+                                                                     "torchops_y_blocks", "clone_y_blocks",
+                                                                     "shared_y_blocks"])
     return rows
