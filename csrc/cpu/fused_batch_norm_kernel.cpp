@@ -124,6 +124,19 @@ inline void column_sums2(const T* a, const T* b, int64_t C, int64_t r0, int64_t 
     old += v;
     std::memcpy(p, &old, sizeof(V));
   };
+  // Rows of 512 bytes or more: each block of channels walks the rows with a stride the hardware prefetcher
+  // did not follow, so the block's lines one row block ahead are prefetched (12.8 MB channels-last, C = 128
+  // and 256: backward 0.80-0.91 and training forward 0.90 of the time without; at C = 64 the prefetches
+  // only cost, 1.0-1.15x).
+  const bool prefetch = C * static_cast<int64_t>(sizeof(T)) >= 512;
+  const int64_t ahead_bytes = (r1 - r0) * C * static_cast<int64_t>(sizeof(T));
+  // The two cache lines at p + off (an address, not a pointer into the tensor: the rows past the last are
+  // prefetched too, which never faults).
+  auto prefetch_lines = [](const T* p, int64_t off) {
+    const uintptr_t q = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(off);
+    __builtin_prefetch(reinterpret_cast<const void*>(q));
+    __builtin_prefetch(reinterpret_cast<const void*>(q + 64));
+  };
   int64_t c = 0;
   for (; c + 4 * W <= C; c += 4 * W) {
     V kv[4], x0[4] = {}, x1[4] = {};
@@ -131,6 +144,10 @@ inline void column_sums2(const T* a, const T* b, int64_t C, int64_t r0, int64_t 
     for (int64_t r = r0; r < r1; ++r) {
       const T* pa = a + r * C + c;
       const T* pb = b + r * C + c;
+      if (prefetch) {
+        prefetch_lines(pa, ahead_bytes);
+        if (pb != pa) prefetch_lines(pb, ahead_bytes);
+      }
       for (int j = 0; j < 4; ++j) {
         const auto t = f(S::load(pa + j * W), S::load(pb + j * W), kv[j]);
         x0[j] += t.first;
