@@ -4,8 +4,8 @@
 // totals: float32 statistics and gradient sums stay accurate over millions of elements at the cost of
 // one double add per stretch.
 constexpr int64_t kRowBlockStats = 32;  // channels-last rows per flush: statistics (centred by a shift)
-// ... gradient sums (products may cancel, so flush more often). 32 rows measured ~5 % faster at C = 256 but
-// 1.2-1.35x slower at C = 64 (the channel blocks of 32 then walk every other pair of lines of 32 rows).
+// ... gradient sums (products may cancel, so flush more often). 32 rows measured ~10 % faster at C = 256 but
+// 1.26-1.37x slower at C = 64 (the channel blocks of 32 then walk every other pair of lines of 32 rows).
 constexpr int64_t kRowBlockGrad = 8;
 constexpr int64_t kRunChunk = 256;      // channels-first run elements per flush
 
