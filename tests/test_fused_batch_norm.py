@@ -457,7 +457,8 @@ def test_channels_last_large_outputs_match_channels_first(shape):
     # CPU float32 channels-last row passes write with non-temporal stores once the tensors they touch come to
     # 32 MB (C % 8 == 0): forward outputs of >= 16 MB (x and y), backward dx of >= 10.7 MB (dy, x and dx; the
     # third shape, 12.8 MB, streams only there). The second shape, C = 24 over 17 MB with rows that are not a
-    # multiple of the row block, too. The same values as the channels-first kernels, which write plainly;
+    # multiple of the row block, too. The same values as the channels-first kernels (whose inference streams
+    # too at these sizes; test_streamed_inference_equals_unstreamed_slices checks it against plain stores);
     # inference rounds identically (bitwise).
     x, scale, offset, mean, var = make_inputs(shape, "NCHW", torch.float32, "cpu", seed=12)
     assert 3 * x.numel() * 4 >= 32 << 20
