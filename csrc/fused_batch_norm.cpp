@@ -5,6 +5,7 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <c10/core/CPUAllocator.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -86,33 +87,59 @@ at::Tensor like_layout(const at::Tensor& t, const Prepared& p) {
   return p.channels_last ? t.contiguous(*p.channels_last) : t.contiguous();
 }
 
-// Plain malloc for the [C] statistics outputs on the CPU, so that they do not move y from call to call.
-// The CPU allocator asks posix_memalign for 64-byte alignment, which glibc serves from a block larger than
-// the size freed by the previous call: freed statistics were never reused, each call's 1 KB vectors were cut
-// from the free space around earlier y's, and y then rotated over 4-7 heap blocks where `clone`'s took 1-2
-// (bench column torchops_y_blocks). At 12.8 MB x and y about fill the L3, and a y that comes back at another
-// address each call is not in it: a copy into 6 rotating buffers took 1.25-1.3x one into 1-2. malloc'd
-// blocks are reused at their own size (1 KB ones from glibc's per-thread cache). The profiler's memory view
-// does not see these few bytes.
-struct StatsAllocator final : c10::Allocator {
-  static void release(void* p) { std::free(p); }
+// The CPU outputs come from malloc, not from the CPU allocator (which asks posix_memalign for 64-byte
+// alignment), so that each call's outputs take the blocks the previous call freed.
+// - posix_memalign carves the aligned block out of a larger one and frees the few bytes past its end. Small
+//   objects (the call's IValues and tensor structs) were then placed there, fencing the block: the next y no
+//   longer fitted in it (it needs the 64 + 32 bytes of slack again) and went elsewhere, so y rotated over 2-7
+//   heap blocks (bench column torchops_y_blocks). At 12.8 MB x and y about fill the L3, and a y at another
+//   address each call is not in it. malloc hands a freed block back for the same request as it is: y took 1
+//   block in every case-run since (docs/fused_batch_norm.md, twelfth pass).
+// - The [C] statistics take plain malloc (16-byte alignment): 1 KB blocks then come from glibc's per-thread
+//   cache instead of being cut from the space around y. y and dx are aligned to 64 bytes by hand, as the
+//   CPU allocator's are (the kernels' vector loops and non-temporal stores want that).
+// The CPU allocator is used instead when someone installed another one or the profiler records memory.
+struct MallocAllocator final : c10::Allocator {
+  explicit constexpr MallocAllocator(size_t align) : align_(align) {}
+  static void release(void* base) { std::free(base); }
   c10::DataPtr allocate(size_t n) override {
-    void* p = n == 0 ? nullptr : std::malloc(n);
-    TORCH_CHECK(n == 0 || p != nullptr, "out of memory allocating ", n, " bytes of batch norm statistics");
-    return {p, p, &release, c10::Device(c10::DeviceType::CPU)};
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (n == 0) return {nullptr, nullptr, &release, cpu};
+    void* base = std::malloc(n + align_);
+    TORCH_CHECK(base != nullptr, "out of memory allocating ", n, " bytes of a batch norm output");
+    if (align_ == 0) return {base, base, &release, cpu};
+    const auto addr = (reinterpret_cast<uintptr_t>(base) + align_ - 1) & ~static_cast<uintptr_t>(align_ - 1);
+    return {reinterpret_cast<void*>(addr), base, &release, cpu};
   }
-  c10::DeleterFnPtr raw_deleter() const override { return &release; }
+  // raw_allocate needs the data pointer to be the context, which holds only without alignment.
+  c10::DeleterFnPtr raw_deleter() const override { return align_ == 0 ? &release : nullptr; }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     if (count > 0) std::memcpy(dest, src, count);
   }
+
+ private:
+  size_t align_;
 };
+
+bool use_malloc(const at::TensorOptions& opts) {
+  return opts.device().is_cpu() && !c10::memoryProfilingEnabled() &&
+         c10::GetCPUAllocator() == c10::GetDefaultCPUAllocator();
+}
 
 // An uninitialized [c] statistics vector.
 at::Tensor stats_empty(int64_t c, const at::TensorOptions& opts) {
-  if (!opts.device().is_cpu()) return at::empty({c}, opts);
-  static StatsAllocator allocator;
+  if (!use_malloc(opts)) return at::empty({c}, opts);
+  static MallocAllocator allocator(0);
   return at::detail::empty_generic({c}, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
                                    opts.dtype().toScalarType(), std::nullopt);
+}
+
+// An uninitialized tensor of x's shape and strides (x is dense: contiguous in its memory format), for y or dx.
+at::Tensor output_empty(const at::Tensor& x) {
+  if (!use_malloc(x.options())) return at::empty_like(x);
+  static MallocAllocator allocator(64);
+  return at::detail::empty_strided_generic(x.sizes(), x.strides(), &allocator,
+                                           c10::DispatchKeySet(c10::DispatchKey::CPU), x.scalar_type());
 }
 
 // A fresh copy of a [C] statistics vector. On the CPU a plain memcpy: clone() goes through TensorIterator,
@@ -189,13 +216,13 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const bool has_data = p.layout.n() > 0 && channels > 0;
 
   if (!is_training) {
-    // The small outputs before y (see StatsAllocator): nothing is then cut from the space around y in this
+    // The small outputs before y (see MallocAllocator): nothing is then cut from the space around y in this
     // call, and the block y frees takes the next call's y. (When they came from posix_memalign, small outputs
     // first were cut from the front of the previous y's block and, at 25 MB, y was trimmed and faulted in
     // again on every call; from malloc they come from the thread cache.)
     at::Tensor bm = copy_vector(mean), bv = copy_vector(variance);
     at::Tensor r1 = copy_vector(mean), r2 = copy_vector(variance);
-    at::Tensor y = at::empty_like(p.x);
+    at::Tensor y = output_empty(p.x);
     ForwardResult out{y, bm, bv, r1, r2, reserve_3};
     if (has_data) {
       kernels.infer_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), mean.contiguous(),
@@ -204,7 +231,7 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
     return out;
   }
   if (!has_data) {
-    at::Tensor y = at::empty_like(p.x);
+    at::Tensor y = output_empty(p.x);
     // Batch statistics of an empty set are undefined; running statistics pass through (spec §5.3).
     at::Tensor batch_mean = use_stats ? copy_vector(mean) : nan_vector(channels, uopts);
     at::Tensor batch_var = use_stats ? copy_vector(variance) : nan_vector(channels, uopts);
@@ -216,7 +243,7 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   at::Tensor var_b = stats_empty(channels, uopts);
   at::Tensor batch_mean = stats_empty(channels, uopts);
   at::Tensor batch_var = stats_empty(channels, uopts);
-  at::Tensor y = at::empty_like(p.x);
+  at::Tensor y = output_empty(p.x);
   kernels.train_forward(p.layout, p.x, scale.contiguous(), offset.contiguous(), epsilon, y, mean_b, var_b);
 
   const int64_t n = p.layout.n();
@@ -267,7 +294,7 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
   Prepared p = prepare(x, cdim);
   at::Tensor dscale = stats_empty(channels, uopts).zero_();
   at::Tensor doffset = stats_empty(channels, uopts).zero_();
-  at::Tensor dx = at::empty_like(p.x);  // after the small outputs, as in the forward
+  at::Tensor dx = output_empty(p.x);  // after the small outputs, as in the forward
   if (p.layout.n() > 0 && channels > 0) {
     kernels.backward(p.layout, like_layout(y_backprop, p), p.x, scale.contiguous(), reserve_space_1.contiguous(),
                      reserve_space_2.contiguous(), epsilon, is_training, dx, dscale, doffset);

@@ -324,6 +324,70 @@ def test_streamed_inference_equals_unstreamed_slices(fmt):
     assert torch.equal(y, torch.cat(parts))
 
 
+# ---------------------------------------------------------------- CPU output memory (csrc/fused_batch_norm.cpp, MallocAllocator)
+
+def _cpu_outputs(x, training):
+    _, scale, offset, mean, var = make_inputs(tuple(x.shape), "NCHW", x.dtype, "cpu", seed=15)
+    out = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", training)
+    mu, v = (out[3], out[4]) if training else (mean, var)
+    grads = fbn_grad(torch.randn_like(x), x, scale, mu, v, out[5], 1e-3, "NCHW", training)
+    return out, grads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
+@pytest.mark.parametrize("training", [True, False])
+def test_cpu_outputs_are_aligned_and_usable(dtype, memory_format, training):
+    # y and dx come from malloc, aligned by hand to 64 bytes as the CPU allocator's blocks are, in x's memory
+    # format; the tensors behave as any other (resize, share_memory_, pickling, in-place ops).
+    x = torch.randn(3, 16, 5, 7, dtype=dtype).contiguous(memory_format=memory_format)
+    (y, *stats), (dx, *gstats) = _cpu_outputs(x, training)
+    for t in (y, dx):
+        assert t.data_ptr() % 64 == 0
+        assert t.stride() == x.stride()
+    for t in stats[:4] + gstats[:2]:
+        assert t.shape == (16,) and t.is_contiguous()
+    want = y.clone()
+    shared = y.clone().share_memory_()
+    assert torch.equal(shared, want)
+    import pickle
+    assert torch.equal(pickle.loads(pickle.dumps(y)), want)
+    y.add_(1)
+    torch.testing.assert_close(y, want + 1)
+    n = y.numel()
+    y.resize_(2 * n)  # grows the storage through its allocator, keeping the data in memory order
+    expected = want + 1
+    in_memory_order = expected.new_empty(0).set_(expected.untyped_storage(), 0, (n,), (1,))
+    assert torch.equal(y[:n], in_memory_order)
+
+
+def test_cpu_output_block_is_reused_call_after_call():
+    # The same request each call: malloc hands the freed block back, so y does not rotate over heap blocks
+    # (with the CPU allocator's posix_memalign it took 2-7 blocks in many processes: see MallocAllocator).
+    x, scale, offset, mean, var = make_inputs((16, 64, 28, 28), "NCHW", torch.float32, "cpu", seed=16)
+    for memory_format in (torch.contiguous_format, torch.channels_last):
+        xm = x.contiguous(memory_format=memory_format)
+        for training in (False, True):
+            seen = set()
+            for i in range(14):
+                y = fbn(xm, scale, offset, mean, var, 1e-3, 1.0, "NCHW", training)[0]
+                if i >= 4:
+                    seen.add(y.data_ptr())
+                del y
+            assert len(seen) == 1, (memory_format, training, [hex(p) for p in seen])
+
+
+def test_cpu_outputs_take_the_cpu_allocator_when_memory_is_profiled():
+    # The profiler's memory view sees outputs from the CPU allocator only, so it is used while memory is profiled.
+    x, scale, offset, mean, var = make_inputs((4, 8, 16, 16), "NCHW", torch.float32, "cpu", seed=17)
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        y = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0]
+    mem = sum(e.cpu_memory_usage for e in prof.key_averages() if e.key == "torchops::fused_batch_norm_v3")
+    assert mem >= y.nbytes, mem
+    assert torch.equal(y, fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0])
+
+
 # ---------------------------------------------------------------- layouts
 
 @pytest.mark.parametrize("device", DEVICES)
