@@ -1,9 +1,12 @@
 """FusedBatchNormV3 / FusedBatchNormGradV3 against the spec (shared/specs/fused_batch_norm.md): TF's own
 test values, a float64 reference written here, gradients, errors, layouts, dtypes, opcheck, compile."""
+import pickle
+
 import numpy as np
 import pytest
 import torch
 from torch.autograd import gradcheck, gradgradcheck
+from torch.profiler import ProfilerActivity, profile
 
 import torchops
 from conftest import DEVICES
@@ -324,7 +327,7 @@ def test_streamed_inference_equals_unstreamed_slices(fmt):
     assert torch.equal(y, torch.cat(parts))
 
 
-# ---------------------------------------------------------------- CPU output memory (csrc/fused_batch_norm.cpp, MallocAllocator)
+# ---------------------------------------------------------------- CPU output memory (MallocAllocator)
 
 def _cpu_outputs(x, training):
     _, scale, offset, mean, var = make_inputs(tuple(x.shape), "NCHW", x.dtype, "cpu", seed=15)
@@ -350,7 +353,6 @@ def test_cpu_outputs_are_aligned_and_usable(dtype, memory_format, training):
     want = y.clone()
     shared = y.clone().share_memory_()
     assert torch.equal(shared, want)
-    import pickle
     assert torch.equal(pickle.loads(pickle.dumps(y)), want)
     y.add_(1)
     torch.testing.assert_close(y, want + 1)
@@ -380,7 +382,6 @@ def test_cpu_output_block_is_reused_call_after_call():
 def test_cpu_outputs_take_the_cpu_allocator_when_memory_is_profiled():
     # The profiler's memory view sees outputs from the CPU allocator only, so it is used while memory is profiled.
     x, scale, offset, mean, var = make_inputs((4, 8, 16, 16), "NCHW", torch.float32, "cpu", seed=17)
-    from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         y = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0]
     mem = sum(e.cpu_memory_usage for e in prof.key_averages() if e.key == "torchops::fused_batch_norm_v3")
