@@ -314,9 +314,10 @@ def test_large_gradient_sums_are_accurate():
 
 
 @pytest.mark.parametrize("fmt", ["NCHW", "channels_last"])
-def test_streamed_inference_equals_unstreamed_slices(fmt):
-    # Float32 inference outputs of >= 16 MB are written with non-temporal stores (channels-first planes and
-    # channels-last rows alike); slices of the batch below that size take the plain stores. Same bits.
+def test_large_inference_equals_its_slices(fmt):
+    # Float32 inference writes with ordinary stores at every size (the channels-last training forward and
+    # backward stream once they touch 32 MB): a 25 MB output, split over the threads at other planes and rows
+    # than its 3 MB slices are, holds the same bits as their concatenation.
     x, scale, offset, mean, var = make_inputs((32, 64, 56, 56), "NCHW", torch.float32, "cpu", seed=14)
     if fmt == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
@@ -477,8 +478,8 @@ def test_inference_keeps_signed_zeros(fmt, shape):
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_channels_last_inference_pairs_row_halves_bitwise(threads, restore_threads):
-    # CPU float32 channels-last inference below the streaming size (C % 8 == 0) walks each thread's rows
-    # as two halves together, sharing the coefficient loads. Bit for bit against the channels-first kernel:
+    # CPU float32 channels-last inference (C % 8 == 0) walks each thread's rows as two halves together,
+    # sharing the coefficient loads. Bit for bit against the channels-first kernel:
     # even and odd row counts per chunk, one row, rows split unevenly over threads, C = 8 and 256, an input
     # that starts one element into its storage (unaligned rows).
     torch.set_num_threads(threads)
@@ -518,11 +519,10 @@ def test_channels_last_row_passes_over_thread_chunks(training, threads, restore_
 @pytest.mark.parametrize("shape", [(8, 64, 96, 96), (9, 24, 131, 151), (64, 256, 14, 14)])
 def test_channels_last_large_outputs_match_channels_first(shape):
     # CPU float32 channels-last row passes write with non-temporal stores once the tensors they touch come to
-    # 32 MB (C % 8 == 0): forward outputs of >= 16 MB (x and y), backward dx of >= 10.7 MB (dy, x and dx; the
+    # 32 MB (C % 8 == 0): training forward outputs of >= 16 MB (x and y), backward dx of >= 10.7 MB (dy, x and dx; the
     # third shape, 12.8 MB, streams only there). The second shape, C = 24 over 17 MB with rows that are not a
-    # multiple of the row block, too. The same values as the channels-first kernels (whose inference streams
-    # too at these sizes; test_streamed_inference_equals_unstreamed_slices checks it against plain stores);
-    # inference rounds identically (bitwise).
+    # multiple of the row block, too. The same values as the channels-first kernels; inference (ordinary
+    # stores at every size) rounds identically (bitwise).
     x, scale, offset, mean, var = make_inputs(shape, "NCHW", torch.float32, "cpu", seed=12)
     assert 3 * x.numel() * 4 >= 32 << 20
     xcl = x.contiguous(memory_format=torch.channels_last)

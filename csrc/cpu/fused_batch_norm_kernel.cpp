@@ -27,10 +27,12 @@ struct Simd {
     return v;
   }
   // Every lane s. Not V{} + s: 0 + (-0) is +0, and x - (+0) keeps x = -0 where TF's x - (-0) gives +0.
-  static inline V splat(U s) {
-    V v;
-    for (int j = 0; j < kWidth; ++j) v[j] = s;
-    return v;
+  // A braced list of equal lanes, which GCC emits as one broadcast (setting lane by lane emitted a chain of
+  // eight inserts per coefficient, per plane of the channels-first pass).
+  static inline V splat(U s) { return splat_lanes(s, std::make_index_sequence<kWidth>()); }
+  template <size_t... I>
+  static inline V splat_lanes(U s, std::index_sequence<I...>) {
+    return V{((void)I, s)...};
   }
   static inline U hsum(V v) {
     U s = 0;
@@ -217,9 +219,11 @@ const double* row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchu
 // the stores skip reading the output's old lines first (ordinary stores, as in ATen's copy loop behind
 // x.clone(), read each line before writing it).
 // Measured on a 32 MB L3: 25 MB outputs 0.57 instead of 0.8-1.0 of ATen's time (channels-last backward); the
-// 12.8 MB backward (38 MB touched) 0.87-0.94 instead of 1.01-1.14 (8 processes, in-process A/B); channels-first
-// inference at 25 MB 0.73-1.05 of a clone instead of 0.92-1.50 (10 process pairs); 12.8 MB inference (26 MB
-// touched, x and y stay in L3 from call to call) slower streamed, 1.03-1.30 instead of 0.97-1.19 of a clone.
+// 12.8 MB backward (38 MB touched) 0.87-0.94 instead of 1.01-1.14 (8 processes, in-process A/B).
+// Inference (one read, one write: the pass x.clone() makes) does not stream: once its output stopped changing
+// heap blocks between calls, ordinary stores measured 0.76-1.07 of a clone at 25 MB where streamed ones measured
+// 0.85-1.28 (6 processes, both layouts, in-process A/B); streaming won only in the machine's fastest state, by
+// 2-5 %. At 12.8 MB (x and y stay in L3 from call to call) streaming was slower still.
 // A fixed size: the L3 size a VM reports (sysconf) can be the host's.
 constexpr int64_t kStreamFootprintBytes = int64_t(32) << 20;
 
@@ -390,26 +394,16 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
 // lanes' coefficients from one plane and the rest from the next. Walking plane by plane instead (as
 // normalize_run does) left 14x14 planes (784 bytes) with a short tail each and half their vectors off
 // alignment (12.8 MB in-process: 1.21x a clone, 1.07x with this). Needs inner >= W (a vector straddles at
-// most one boundary); same operations per element as normalize_run, so the same bits. stream: y's vectors are
-// written with non-temporal stores (see streams_output).
+// most one boundary); same operations per element as normalize_run, so the same bits.
 template <typename U>
 TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U* __restrict y, int64_t k0,
                                                        int64_t k1, int64_t inner, int64_t C, const U* mean,
-                                                       const U* alpha, const U* offset, bool stream) {
+                                                       const U* alpha, const U* offset) {
   TORCHOPS_FBN_NO_FP_CONTRACT_BODY
   using S = Simd<U>;
   using V = typename S::V;
   constexpr int W = S::kWidth;
-  // Every vector store below is at an aligned y + f.
-  auto store = [stream](U* p, V v) {
-#if TORCHOPS_ISA_LEVEL >= 1
-    if constexpr (std::is_same_v<U, float>) {
-      if (stream) return _mm256_stream_ps(p, reinterpret_cast<__m256>(v));
-    }
-#endif
-    (void)stream;
-    std::memcpy(p, &v, sizeof(V));
-  };
+  auto store = [](U* p, V v) { std::memcpy(p, &v, sizeof(V)); };  // at an aligned y + f
   int64_t f = k0 * inner, plane_end = f + inner, c = k0 % C;
   const int64_t end = k1 * inner;
   auto next_plane = [&] {
@@ -423,13 +417,24 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
   }
   V lane;
   for (int j = 0; j < W; ++j) lane[j] = static_cast<U>(j);
+  auto load = [](const U* p) {
+    V v;
+    std::memcpy(&v, p, sizeof(V));
+    return v;
+  };
   while (f + W <= end) {
     if (f == plane_end) next_plane();
     const V m = S::splat(mean[c]), a = S::splat(alpha[c]), o = S::splat(offset[c]);
-    for (; f + W <= plane_end; f += W) {
-      V v;
-      std::memcpy(&v, x + f, sizeof(V));
-      store(y + f, (v - m) * a + o);
+    // Two vectors per step: 12.8 MB of 14x14 planes ran 1.07-1.11x a plain x * 2 pass with one (bench
+    // pattern, 5 processes), 0.98-1.03x with two and the broadcast splat above.
+    for (; f + 2 * W <= plane_end; f += 2 * W) {
+      const V v0 = load(x + f), v1 = load(x + f + W);
+      store(y + f, (v0 - m) * a + o);
+      store(y + f + W, (v1 - m) * a + o);
+    }
+    if (f + W <= plane_end) {
+      store(y + f, (load(x + f) - m) * a + o);
+      f += W;
     }
     if (f == plane_end || f + W > end) continue;
     // The vector across the boundary: lanes below it from channel c, the rest from the next plane's.
@@ -437,9 +442,7 @@ TORCHOPS_FBN_NO_FP_CONTRACT void normalize_planes_flat(const U* __restrict x, U*
     const auto first = lane < static_cast<U>(plane_end - f);
     const V m2 = first ? m : S::splat(mean[c2]), a2 = first ? a : S::splat(alpha[c2]);
     const V o2 = first ? o : S::splat(offset[c2]);
-    V v;
-    std::memcpy(&v, x + f, sizeof(V));
-    store(y + f, (v - m2) * a2 + o2);
+    store(y + f, (load(x + f) - m2) * a2 + o2);
     f += W;
     next_plane();
   }
@@ -455,10 +458,8 @@ void normalize_all(const Layout& L, const T* x, const U* mean, const U* alpha, c
   const int64_t C = L.channels, inner = L.inner;
   if constexpr (std::is_same_v<T, U>) {
     if (inner >= Simd<U>::kWidth) {
-      const bool stream = streams_output<U>(L.outer * C * inner, 2);
       at::parallel_for(0, L.outer * C, std::max<int64_t>(1, 16384 / inner), [&](int64_t k0, int64_t k1) {
-        normalize_planes_flat<U>(x, y, k0, k1, inner, C, mean, alpha, offset, stream);
-        stream_fence(stream);
+        normalize_planes_flat<U>(x, y, k0, k1, inner, C, mean, alpha, offset);
       });
       return;
     }
@@ -472,10 +473,9 @@ void normalize_all(const Layout& L, const T* x, const U* mean, const U* alpha, c
     });
     return;
   }
-  const bool stream = streams_rows(y, L.outer * C, C, 2);
+  // Ordinary stores (see kStreamFootprintBytes).
   at::parallel_for(0, L.outer, std::max<int64_t>(1, 16384 / C), [&](int64_t r0, int64_t r1) {
-    normalize_rows(x + r0 * C, y + r0 * C, r1 - r0, C, mean, alpha, offset, stream);
-    stream_fence(stream);
+    normalize_rows(x + r0 * C, y + r0 * C, r1 - r0, C, mean, alpha, offset, false);
   });
 }
 
