@@ -637,6 +637,33 @@ def test_cpu_inference_is_tf_bitwise():
         assert ((g.double() - e).abs() <= 4 * torch.finfo(torch.float32).eps * (e.abs() + 4)).all()
 
 
+@pytest.mark.parametrize("C", [4, 8, 13, 16, 40, 256])
+def test_cpu_inference_scaling_factors_match_the_gradient_per_channel(C):
+    # The CPU inference forward computes TF's scaling factors rsqrt(var + eps) * scale four channels at a time,
+    # the inference gradient one channel at a time; the same bits either way. With x = 1, mean = 0 and
+    # offset = -0 (which keeps a factor of -0), y is the factor itself, and so is x_backprop for dy = 1.
+    # Variances where the Newton step gives NaN (var + eps = 0 and inf), NaN, subnormal, tiny and huge ones
+    # among random ones, in both the 8-channel packets and the channels past them.
+    g = torch.Generator().manual_seed(C)
+    var = torch.rand(C, generator=g) * 3
+    special = torch.tensor([-1e-3, float("inf"), float("nan"), 1e-42, 1e-30, 3e38, 0.0, 7.5])
+    var[: min(C, 8)] = special[: min(C, 8)]
+    if C > 9:
+        var[-2:] = special[:2]
+    scale = torch.rand(C, generator=g) + 0.5
+    scale[1::3] *= -1
+    zeros = torch.zeros(C)
+    x = torch.ones(1, 1, 3, C)
+    y = fbn(x, scale, torch.full((C,), -0.0), zeros, var, 1e-3, 1.0, "NHWC", False)[0]
+    dx = torch.ops.torchops.fused_batch_norm_grad_v3(torch.ones_like(x), x, scale, zeros, var, torch.zeros(0), 1e-3,
+                                                     "NHWC", False)[0]
+    assert torch.equal(y.view(torch.int32), dx.view(torch.int32))
+    finite = torch.isfinite(var + 1e-3) & (var + 1e-3 > 0)
+    exact = scale.double() / torch.sqrt(var.double() + torch.tensor(1e-3, dtype=torch.float32).double())
+    rel = ((y[0, 0, 0].double() - exact) / exact).abs()[finite]
+    assert (rel <= 4 * torch.finfo(torch.float32).eps).all()
+
+
 @pytest.mark.parametrize("stats", ["contiguous", "strided", "offset"])
 @pytest.mark.parametrize("n", [2, 0])
 def test_inference_outputs_are_copies_not_views(stats, n):

@@ -381,8 +381,8 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
     mean[c] = static_cast<U>(shift[c] + d);
     mean_out[c] = mean[c];
     var_out[c] = var;
-    alpha[c] = scaling_factor(var, eps, scale[c], c, C);
   }
+  scaling_factors(var_out, eps, scale, alpha, C);
   const bool stream = streams_rows(y, outer * C, C, 2);
   rows_by_chunk(outer, nchunks, stream, [&](int64_t r0, int64_t r1) {
     normalize_rows(x + r0 * C, y + r0 * C, r1 - r0, C, mean, alpha, offset, stream);
@@ -592,7 +592,7 @@ void infer_forward_cpu(const Layout& L, const at::Tensor& x, const at::Tensor& s
     const U* s = scale.const_data_ptr<U>();
     const U* v = var.const_data_ptr<U>();
     U* alpha = scratch<U, 2>(L.channels);
-    for (int64_t c = 0; c < L.channels; ++c) alpha[c] = scaling_factor(v[c], static_cast<U>(eps), s[c], c, L.channels);
+    scaling_factors(v, static_cast<U>(eps), s, alpha, L.channels);
     normalize_all<scalar_t, U>(L, x.const_data_ptr<scalar_t>(), mean.const_data_ptr<U>(), alpha,
                                offset.const_data_ptr<U>(), y.mutable_data_ptr<scalar_t>());
   });
@@ -695,6 +695,34 @@ TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((noinline)) float tf_rsqrt<float>(floa
 template <typename U>
 inline U scaling_factor(U var, U eps, U scale, int64_t c, int64_t C) {
   return tf_rsqrt(var, eps, c, C) * scale;
+}
+
+// out[c] = scaling_factor(var[c], eps, scale[c], c, C) for every channel. The float32 packets four at a time:
+// RSQRTPS gives each lane the bits RSQRTSS gives it alone, and the step rounds the same, so tf_rsqrt's results
+// (one call per channel took ~1.2 us of each 256-channel inference call).
+template <typename U>
+void scaling_factors(const U* var, U eps, const U* scale, U* out, int64_t C) {
+  for (int64_t c = 0; c < C; ++c) out[c] = scaling_factor(var[c], eps, scale[c], c, C);
+}
+template <>
+TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((noinline)) void scaling_factors<float>(const float* var, float eps,
+                                                                                  const float* scale, float* out,
+                                                                                  int64_t C) {
+  TORCHOPS_FBN_NO_FP_CONTRACT_BODY
+  int64_t c = 0;
+#if defined(__x86_64__)
+  const __m128 e = _mm_set1_ps(eps), minus_half = _mm_set1_ps(-0.5f), minus_one = _mm_set1_ps(-1.0f);
+  for (; c < C - C % 8; c += 4) {
+    const __m128 a = _mm_add_ps(_mm_loadu_ps(var + c), e);
+    const __m128 r0 = _mm_rsqrt_ps(a);
+    const __m128 r2 = _mm_mul_ps(a, r0), half_r = _mm_mul_ps(r0, minus_half);
+    const __m128 h = _mm_add_ps(_mm_mul_ps(r2, r0), minus_one);
+    const __m128 r = _mm_add_ps(_mm_mul_ps(half_r, h), r0);
+    const __m128 nan = _mm_cmpunord_ps(r, r);  // as tf_rsqrt: keep the estimate where the step gave NaN
+    _mm_storeu_ps(out + c, _mm_mul_ps(_mm_or_ps(_mm_and_ps(nan, r0), _mm_andnot_ps(nan, r)), _mm_loadu_ps(scale + c)));
+  }
+#endif
+  for (; c < C; ++c) out[c] = scaling_factor(var[c], eps, scale[c], c, C);
 }
 
 #define TORCHOPS_FBN_ISA_SECTION
