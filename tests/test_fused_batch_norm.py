@@ -317,14 +317,12 @@ def test_large_gradient_sums_are_accurate():
 def test_large_inference_equals_its_slices(fmt):
     # Float32 inference writes with ordinary stores at every size (the channels-last training forward and
     # backward stream once they touch 32 MB): a 25 MB output, split over the threads at other planes and rows
-    # than its 3 MB slices are, holds the same bits as their concatenation.
+    # than its 3.2 MB slices (4 images) are, holds the same bits as their concatenation.
     x, scale, offset, mean, var = make_inputs((32, 64, 56, 56), "NCHW", torch.float32, "cpu", seed=14)
     if fmt == "channels_last":
         x = x.contiguous(memory_format=torch.channels_last)
-    assert 2 * x.numel() * 4 >= 32 << 20
     y = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0]
-    parts = [fbn(xs, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0] for xs in x.split(8)]
-    assert 2 * x[:8].numel() * 4 < 32 << 20
+    parts = [fbn(xs, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0] for xs in x.split(4)]
     assert torch.equal(y, torch.cat(parts))
 
 
