@@ -110,34 +110,34 @@ inline void grad_sums_run(const T* dy, const T* x, int64_t len, U mu, double& s_
 }
 
 // Channels-last column sums over rows [r0, r1) of [rows, C] matrices a, b (b may alias a):
-//   s0[c] += t0, s1[c] += t1 with (t0, t1) = f(a[r, c], b[r, c], k[c]).
+//   s0[c] += t0, s1[c] += t1 with (t0, t1) = f(a[r, c], b[r, c], k[c]), the terms summed in U over these rows
+// and the sum added to the double totals s0, s1.
 // Blocks of four SIMD vectors of channels stay in registers while the row loop runs inside, instead of a
 // load-add-store of the partial sums for every element (which made the statistics pass ~2x slower than
 // a plain read of x). f is generic: it takes SIMD vectors or scalars of U.
 template <typename T, typename U, typename F>
-inline void column_sums2(const T* a, const T* b, int64_t C, int64_t r0, int64_t r1, const U* k, U* s0, U* s1,
-                         const F& f) {
+inline void column_sums2(const T* a, const T* b, int64_t C, int64_t r0, int64_t r1, const U* k, double* s0,
+                         double* s1, const F& f) {
   using S = Simd<U>;
   using V = typename S::V;
   constexpr int W = S::kWidth;
-  auto add_to = [](U* p, V v) {
-    V old;
-    std::memcpy(&old, p, sizeof(V));
-    old += v;
-    std::memcpy(p, &old, sizeof(V));
+  auto add_to = [](double* p, V v) {
+    for (int j = 0; j < W; ++j) p[j] += static_cast<double>(v[j]);
   };
-  // Rows of 512 bytes or more: each block of channels walks the rows with a stride the hardware prefetcher
-  // did not follow, so the block's lines one row block ahead are prefetched (12.8 MB channels-last, C = 128
-  // and 256: backward 0.80-0.91 and training forward 0.90 of the time without; at C = 64 the prefetches
-  // only cost, 1.0-1.15x).
-  const bool prefetch = C * static_cast<int64_t>(sizeof(T)) >= 512;
-  const int64_t ahead_bytes = (r1 - r0) * C * static_cast<int64_t>(sizeof(T));
+  // Each block of channels walks the rows with a stride the hardware prefetcher does not follow, so the
+  // block's lines two row blocks ahead are prefetched, into L2 only (prefetcht1): prefetched into L1 as well
+  // (prefetcht0, one block ahead, as before) the 12.8 MB channels-last backward took 1.12-1.17x and the
+  // training forward 1.12x the time, and at C = 64 (rows of 256 bytes) prefetcht0 was slower than no
+  // prefetch while prefetcht1 took 0.92-0.97x (backward) and 0.85-0.97x (forward) of it. Calls of each
+  // variant interleaved in a random order, 2 processes each (docs/fused_batch_norm.md, fourteenth pass).
+  const bool prefetch = C * static_cast<int64_t>(sizeof(T)) >= 256;
+  const int64_t ahead_bytes = 2 * (r1 - r0) * C * static_cast<int64_t>(sizeof(T));
   // The two cache lines at p + off (an address, not a pointer into the tensor: the rows past the last are
   // prefetched too, which never faults).
   auto prefetch_lines = [](const T* p, int64_t off) {
     const uintptr_t q = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(off);
-    __builtin_prefetch(reinterpret_cast<const void*>(q));
-    __builtin_prefetch(reinterpret_cast<const void*>(q + 64));
+    __builtin_prefetch(reinterpret_cast<const void*>(q), 0, 2);
+    __builtin_prefetch(reinterpret_cast<const void*>(q + 64), 0, 2);
   };
   int64_t c = 0;
   for (; c + 4 * W <= C; c += 4 * W) {
@@ -169,11 +169,14 @@ inline void column_sums2(const T* a, const T* b, int64_t C, int64_t r0, int64_t 
     add_to(s0 + c, x0), add_to(s1 + c, x1);
   }
   for (; c < C; ++c) {
+    U t0 = 0, t1 = 0;
     for (int64_t r = r0; r < r1; ++r) {
       const auto t = f(static_cast<U>(a[r * C + c]), static_cast<U>(b[r * C + c]), k[c]);
-      s0[c] += t.first;
-      s1[c] += t.second;
+      t0 += t.first;
+      t1 += t.second;
     }
+    s0[c] += t0;
+    s1[c] += t1;
   }
 }
 
@@ -188,10 +191,12 @@ V* scratch(int64_t n) {
   return buf.data();
 }
 
-// Channels-last reductions: the rows are split into one chunk per thread; `accumulate(r0, r1, acc)` adds
-// rows [r0, r1) into acc[nk * channels] (of type Acc), which is flushed into the chunk's double partials
-// every kRowBlock rows. The caller adds the chunks in order (deterministic for a given thread count).
-template <typename Acc, int64_t kRowBlock, typename F>
+// Channels-last reductions: the rows are split into one chunk per thread; `accumulate(r0, r1, out)` sums
+// rows [r0, r1) (at most kRowBlock of them, in the data's precision) and adds the sums to the chunk's double
+// partials out[nk * channels]. The caller adds the chunks in order (deterministic for a given thread count).
+// (The sums of each row block went through a buffer, zeroed and then added to the partials in a loop of its
+// own: 8-10 % of the channels-last backward's CPU samples at 12.8 MB; the op took 1.01-1.05x the time with it.)
+template <int64_t kRowBlock, typename F>
 const double* row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchunks, const F& accumulate) {
   nchunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (rows + kRowBlock - 1) / kRowBlock));
   const int64_t width = nk * channels;
@@ -199,15 +204,10 @@ const double* row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchu
   std::fill(partial, partial + nchunks * width, 0.0);
   const int64_t per = (rows + nchunks - 1) / nchunks;
   at::parallel_for(0, nchunks, 1, [&](int64_t k0, int64_t k1) {
-    Acc* acc = scratch<Acc, 1>(width);
     for (int64_t k = k0; k < k1; ++k) {
       const int64_t r0 = k * per, r1 = std::min(rows, r0 + per);
       double* out = partial + k * width;
-      for (int64_t r = r0; r < r1; r += kRowBlock) {
-        std::fill(acc, acc + width, Acc(0));
-        accumulate(r, std::min(r1, r + kRowBlock), acc);
-        for (int64_t i = 0; i < width; ++i) out[i] += acc[i];
-      }
+      for (int64_t r = r0; r < r1; r += kRowBlock) accumulate(r, std::min(r1, r + kRowBlock), out);
     }
   });
   return partial;
@@ -367,8 +367,8 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
   U* mean = shift + C;
   U* alpha = shift + 2 * C;
   for (int64_t c = 0; c < C; ++c) shift[c] = static_cast<U>(x[c]);
-  const double* sums = row_partials<U, kRowBlockStats>(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, U* acc) {
-    column_sums2<T, U>(x, x, C, r0, r1, shift, acc, acc + C, [](auto v, auto, auto k) {
+  const double* sums = row_partials<kRowBlockStats>(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, double* out) {
+    column_sums2<T, U>(x, x, C, r0, r1, shift, out, out + C, [](auto v, auto, auto k) {
       const auto d = v - k;
       return std::make_pair(d, d * d);
     });
@@ -548,8 +548,8 @@ void backward_typed(const Layout& L, const T* dy, const T* x, const U* scale, co
     return;
   }
   int64_t nchunks = 0;
-  const double* sums = row_partials<U, kRowBlockGrad>(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, U* acc) {
-    column_sums2<T, U>(dy, x, C, r0, r1, mu, acc, acc + C,
+  const double* sums = row_partials<kRowBlockGrad>(outer, C, 2, nchunks, [&](int64_t r0, int64_t r1, double* out) {
+    column_sums2<T, U>(dy, x, C, r0, r1, mu, out, out + C,
                        [](auto g, auto v, auto m) { return std::make_pair(g, g * (v - m)); });
   });
   // The coefficients as three arrays (k, mean_dy, c2): the row loop then loads each as a vector.
