@@ -75,6 +75,43 @@ inline double sum_sq_dev_run(const T* p, int64_t len, U mean) {
   });
 }
 
+// Channels-first passes read a channel's runs one image apart (C * inner elements). Runs of up to 4 KB are
+// too short for the hardware prefetcher to pick up after each jump, so the loop that first reads a channel
+// prefetches (into L2) the run `ahead` images on (about 3 KB ahead), past the last image the next channel's
+// first runs; the later passes over the channel find its runs in L2. Measured against the same code without
+// it, calls interleaved in a random order (2 processes): backward 0.72-0.80x at (64, 256, 14, 14) (784-byte
+// runs), 0.86x at (32, 128, 28, 28) (3 KB), 0.83x at (64, 512, 7, 7) (196 B); training forward 0.90-0.93x,
+// 0.82-0.83x and 1.05x, so the forward (one array, a lighter loop) prefetches from 512-byte runs only.
+template <typename T>
+struct RunPrefetch {
+  int64_t C, inner, outer, ahead;
+  bool on;
+  RunPrefetch(int64_t C_, int64_t inner_, int64_t outer_, int64_t min_bytes)
+      : C(C_), inner(inner_), outer(outer_) {
+    const int64_t bytes = inner * static_cast<int64_t>(sizeof(T));
+    on = bytes >= min_bytes && bytes <= 4096;
+    ahead = std::max<int64_t>(4, (3072 + bytes - 1) / std::max<int64_t>(bytes, 1));
+  }
+  // Run (o, c) is about to be read from p = base + (o * C + c) * inner. An address, not a pointer into the
+  // tensor: past the last run it points outside, which a prefetch never faults on.
+  void operator()(const T* base, int64_t o, int64_t c) const {
+    if (!on) return;
+    int64_t o2 = o + ahead, c2 = c;
+    if (o2 >= outer) o2 -= outer, ++c2;
+    const uintptr_t q = reinterpret_cast<uintptr_t>(base) +
+                        static_cast<uintptr_t>((o2 * C + c2) * inner) * sizeof(T);
+    const int64_t bytes = inner * static_cast<int64_t>(sizeof(T));
+    for (int64_t l = 0; l < bytes; l += 64) {
+#if defined(__x86_64__) || defined(__i386__)
+      // prefetcht1 as volatile asm: GCC 12 deleted this loop of __builtin_prefetch calls as dead code.
+      asm volatile("prefetcht1 (%0)" : : "r"(q + static_cast<uintptr_t>(l)));
+#else
+      __builtin_prefetch(reinterpret_cast<const void*>(q + static_cast<uintptr_t>(l)), 0, 2);
+#endif
+    }
+  }
+};
+
 // sum(dy) and sum(dy * (x - mu)) over a run.
 template <typename T, typename U>
 inline void grad_sums_run(const T* dy, const T* x, int64_t len, U mu, double& s_dy, double& s_dyxc) {
@@ -342,10 +379,14 @@ void train_forward_typed(const Layout& L, const T* x, const U* scale, const U* o
                          U* var_out) {
   const int64_t C = L.channels, inner = L.inner, outer = L.outer, n = L.n();
   if (inner > 1) {
+    const RunPrefetch<T> prefetch(C, inner, outer, 512);
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double s = 0;
-        for (int64_t o = 0; o < outer; ++o) s += sum_run<T, U>(x + (o * C + c) * inner, inner);
+        for (int64_t o = 0; o < outer; ++o) {
+          prefetch(x, o, c);
+          s += sum_run<T, U>(x + (o * C + c) * inner, inner);
+        }
         const U mean = static_cast<U>(s / n);
         double q = 0;
         for (int64_t o = 0; o < outer; ++o) q += sum_sq_dev_run<T, U>(x + (o * C + c) * inner, inner, mean);
@@ -520,12 +561,14 @@ void backward_typed(const Layout& L, const T* dy, const T* x, const U* scale, co
                     bool training, T* dx, U* dscale, U* doffset) {
   const int64_t C = L.channels, inner = L.inner, outer = L.outer, n = L.n();
   if (inner > 1) {
+    const RunPrefetch<T> prefetch(C, inner, outer, 0);
     at::parallel_for(0, C, 1, [&](int64_t c0, int64_t c1) {
       for (int64_t c = c0; c < c1; ++c) {
         double s_dy = 0, s_dyxc = 0;
         for (int64_t o = 0; o < outer; ++o) {
           double a, b;
           const int64_t off = (o * C + c) * inner;
+          prefetch(dy, o, c), prefetch(x, o, c);
           grad_sums_run<T, U>(dy + off, x + off, inner, mu[c], a, b);
           s_dy += a, s_dyxc += b;
         }
