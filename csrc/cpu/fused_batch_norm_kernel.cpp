@@ -158,16 +158,31 @@ inline void column_sums2(const T* a, const T* b, int64_t C, int64_t r0, int64_t 
   using S = Simd<U>;
   using V = typename S::V;
   constexpr int W = S::kWidth;
+  // Widened and added a vector at a time (element by element, GCC kept the sums on the stack and flushed them
+  // with scalar converts: the backward's reduction took 1.7x the time).
+  typedef double D4 __attribute__((vector_size(32)));
   auto add_to = [](double* p, V v) {
-    for (int j = 0; j < W; ++j) p[j] += static_cast<double>(v[j]);
+    auto add4 = [](double* q, D4 d) {
+      D4 o;
+      std::memcpy(&o, q, sizeof(D4));
+      o += d;
+      std::memcpy(q, &o, sizeof(D4));
+    };
+    if constexpr (std::is_same_v<U, double>) {
+      add4(p, v);
+    } else {
+      static_assert(std::is_same_v<U, float>, "sums are float or double");
+      add4(p, __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), D4));
+      add4(p + 4, __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), D4));
+    }
   };
   // Each block of channels walks the rows with a stride the hardware prefetcher does not follow, so the
-  // block's lines two row blocks ahead are prefetched, into L2 only (prefetcht1): prefetched into L1 as well
-  // (prefetcht0, one block ahead, as before) the 12.8 MB channels-last backward took 1.12-1.17x and the
-  // training forward 1.12x the time, and at C = 64 (rows of 256 bytes) prefetcht0 was slower than no
-  // prefetch while prefetcht1 took 0.92-0.97x (backward) and 0.85-0.97x (forward) of it. Calls of each
-  // variant interleaved in a random order, 2 processes each (docs/fused_batch_norm.md, fourteenth pass).
-  const bool prefetch = C * static_cast<int64_t>(sizeof(T)) >= 256;
+  // block's lines two row blocks ahead are prefetched, into L2 only (prefetcht1). Against prefetcht0 one block
+  // ahead (the code before), in calls interleaved in a random order (2 processes): the 12.8 MB channels-last
+  // backward 0.72-0.74x the time, the training forward 0.86-0.90x. Rows of 256 bytes (C = 64) are prefetched
+  // when one matrix is read (the statistics: 0.86-0.90x of no prefetch) but not for two (the gradient sums:
+  // 0.85-1.10x, 5 processes).
+  const bool prefetch = C * static_cast<int64_t>(sizeof(T)) >= (a == b ? 256 : 512);
   const int64_t ahead_bytes = 2 * (r1 - r0) * C * static_cast<int64_t>(sizeof(T));
   // The two cache lines at p + off (an address, not a pointer into the tensor: the rows past the last are
   // prefetched too, which never faults).
@@ -232,7 +247,7 @@ V* scratch(int64_t n) {
 // rows [r0, r1) (at most kRowBlock of them, in the data's precision) and adds the sums to the chunk's double
 // partials out[nk * channels]. The caller adds the chunks in order (deterministic for a given thread count).
 // (The sums of each row block went through a buffer, zeroed and then added to the partials in a loop of its
-// own: 8-10 % of the channels-last backward's CPU samples at 12.8 MB; the op took 1.01-1.05x the time with it.)
+// own: 8-10 % of the channels-last backward's CPU samples at 12.8 MB, perf.)
 template <int64_t kRowBlock, typename F>
 const double* row_partials(int64_t rows, int64_t channels, int nk, int64_t& nchunks, const F& accumulate) {
   nchunks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), (rows + kRowBlock - 1) / kRowBlock));
