@@ -172,8 +172,12 @@ inline void column_sums2(const T* a, const T* b, int64_t C, int64_t r0, int64_t 
       add4(p, v);
     } else {
       static_assert(std::is_same_v<U, float>, "sums are float or double");
-      add4(p, __builtin_convertvector(__builtin_shufflevector(v, v, 0, 1, 2, 3), D4));
-      add4(p + 4, __builtin_convertvector(__builtin_shufflevector(v, v, 4, 5, 6, 7), D4));
+      typedef float F4 __attribute__((vector_size(16)));
+      F4 lo, hi;  // the halves by memcpy: __builtin_shufflevector needs GCC 12
+      std::memcpy(&lo, &v, sizeof(F4));
+      std::memcpy(&hi, reinterpret_cast<const char*>(&v) + sizeof(F4), sizeof(F4));
+      add4(p, __builtin_convertvector(lo, D4));
+      add4(p + 4, __builtin_convertvector(hi, D4));
     }
   };
   // Each block of channels walks the rows with a stride the hardware prefetcher does not follow, so the
