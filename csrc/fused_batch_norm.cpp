@@ -212,7 +212,7 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const auto u = stats_dtype(x);
   const auto uopts = x.options().dtype(u);
   Prepared p = prepare(x, cdim);
-  at::Tensor reserve_3 = at::empty({0}, uopts);
+  at::Tensor reserve_3 = stats_empty(0, uopts);  // as the other small outputs: no dispatch
   const bool has_data = p.layout.n() > 0 && channels > 0;
 
   if (!is_training) {
@@ -299,7 +299,7 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
     kernels.backward(p.layout, like_layout(y_backprop, p), p.x, scale.contiguous(), reserve_space_1.contiguous(),
                      reserve_space_2.contiguous(), epsilon, is_training, dx, dscale, doffset);
   }
-  return {dx, dscale, doffset, at::empty({0}, uopts), at::empty({0}, uopts)};
+  return {dx, dscale, doffset, stats_empty(0, uopts), stats_empty(0, uopts)};
 }
 
 }  // namespace fbn
