@@ -84,11 +84,10 @@ inline double sum_sq_dev_run(const T* p, int64_t len, U mean) {
 // 0.82-0.83x and 1.05x, so the forward (one array, a lighter loop) prefetches from 512-byte runs only.
 template <typename T>
 struct RunPrefetch {
-  int64_t C, inner, outer, ahead;
+  int64_t C, inner, outer, bytes, ahead;
   bool on;
   RunPrefetch(int64_t C_, int64_t inner_, int64_t outer_, int64_t min_bytes)
-      : C(C_), inner(inner_), outer(outer_) {
-    const int64_t bytes = inner * static_cast<int64_t>(sizeof(T));
+      : C(C_), inner(inner_), outer(outer_), bytes(inner_ * static_cast<int64_t>(sizeof(T))) {
     on = bytes >= min_bytes && bytes <= 4096;
     ahead = std::max<int64_t>(4, (3072 + bytes - 1) / std::max<int64_t>(bytes, 1));
   }
@@ -100,7 +99,6 @@ struct RunPrefetch {
     if (o2 >= outer) o2 -= outer, ++c2;
     const uintptr_t q = reinterpret_cast<uintptr_t>(base) +
                         static_cast<uintptr_t>((o2 * C + c2) * inner) * sizeof(T);
-    const int64_t bytes = inner * static_cast<int64_t>(sizeof(T));
     for (int64_t l = 0; l < bytes; l += 64) {
 #if defined(__x86_64__) || defined(__i386__)
       // prefetcht1 as volatile asm: GCC 12 deleted this loop of __builtin_prefetch calls as dead code.
