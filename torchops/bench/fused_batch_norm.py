@@ -6,7 +6,9 @@ inference forward must move) in the same rounds as the op, so `clone/native` is 
 memory can reach and `torchops/clone` (median of the per-round ratios) compares runs in the same machine state.
 `aten_mul/clone` times ATen's `x * 2` the same way: one read, one write and one operation per element, what an
 inference pass costs without per-channel coefficients, so its spread over runs shows how close to `clone` any
-computing pass stays on the machine. `torchops_y_blocks` / `clone_y_blocks`: how many heap blocks the output y
+computing pass stays on the machine. `clone_again/clone` times `x.clone()` a second time in the same rounds: the
+spread of that ratio over runs is the benchmark's own noise for two identical ops (docs/fused_batch_norm.md,
+"fifteenth pass"). `torchops_y_blocks` / `clone_y_blocks`: how many heap blocks the output y
 rotates over in 20 calls (`_timing.output_blocks`); `shared_y_blocks`: how many of the op's blocks `clone` takes
 too (the same physical pages, so the same cache state).
 """
@@ -43,7 +45,8 @@ def _cases(device, dtype):
             nbytes = x.numel() * x.element_size()
             yield shape, layout, "train fwd", ours_train, nat_train, 2 * nbytes, None, None
             yield shape, layout, "backward", ours_bwd, nat_bwd, 3 * nbytes, None, None
-            yield shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes, x.clone, {"aten_mul": lambda: x.mul(2.0)}
+            others = {"aten_mul": lambda: x.mul(2.0), "clone_again": lambda: x.clone()}
+            yield shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes, x.clone, others
 
 
 def run(args):
@@ -66,7 +69,7 @@ def run(args):
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
                 ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS + ["torchops_GB/s", "native_GB/s", "torchops_faults",
                                                                      "native_faults", "clone_ms", "clone/native",
-                                                                     "torchops/clone", "aten_mul/clone",
+                                                                     "torchops/clone", "aten_mul/clone", "clone_again/clone",
                                                                      "torchops_y_blocks", "clone_y_blocks",
                                                                      "shared_y_blocks"])
     return rows
