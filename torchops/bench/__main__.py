@@ -65,7 +65,8 @@ def main(argv=None) -> int:
 # "ratio" is the ratio of the two sides' median times; "ratio_med" the median of the per-round ratios, each from
 # one round in which both sides ran back to back, so that a swing of the machine between rounds cancels out.
 REPEATED = {"ratio": "ratio", "ratio_med": "ratio_med", "torchops/clone": "torchops/clone",
-            "aten_mul/clone": "aten_mul/clone", "clone_again/clone": "clone_again/clone"}
+            "aten_mul/clone": "aten_mul/clone", "clone_again/clone": "clone_again/clone",
+            "ops_clone/clone": "ops_clone/clone"}
 
 
 def _repeat(args) -> int:

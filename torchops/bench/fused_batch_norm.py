@@ -8,9 +8,10 @@ memory can reach and `torchops/clone` (median of the per-round ratios) compares 
 inference pass costs without per-channel coefficients, so its spread over runs shows how close to `clone` any
 computing pass stays on the machine. `clone_again/clone` times `x.clone()` a second time in the same rounds: the
 spread of that ratio over runs is the benchmark's own noise for two identical ops (docs/fused_batch_norm.md,
-"fifteenth pass"). `torchops_y_blocks` / `clone_y_blocks`: how many heap blocks the output y
-rotates over in 20 calls (`_timing.output_blocks`); `shared_y_blocks`: how many of the op's blocks `clone` takes
-too (the same physical pages, so the same cache state).
+"fifteenth pass"). `ops_clone/clone` times the same copy called the way the op is, through `torch.ops`
+(`torch.ops.aten.clone(x)`): what that calling path adds to a pass of this size. `torchops_y_blocks` /
+`clone_y_blocks`: how many heap blocks the output y rotates over in 20 calls (`_timing.output_blocks`);
+`shared_y_blocks`: how many of the op's blocks `clone` takes too (the same physical pages, so the same cache state).
 """
 import torch
 
@@ -45,7 +46,8 @@ def _cases(device, dtype):
             nbytes = x.numel() * x.element_size()
             yield shape, layout, "train fwd", ours_train, nat_train, 2 * nbytes, None, None
             yield shape, layout, "backward", ours_bwd, nat_bwd, 3 * nbytes, None, None
-            others = {"aten_mul": lambda: x.mul(2.0), "clone_again": lambda: x.clone()}
+            others = {"aten_mul": lambda: x.mul(2.0), "clone_again": lambda: x.clone(),
+                      "ops_clone": lambda: torch.ops.aten.clone(x)}
             yield shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes, x.clone, others
 
 
@@ -69,7 +71,8 @@ def run(args):
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
                 ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS + ["torchops_GB/s", "native_GB/s", "torchops_faults",
                                                                      "native_faults", "clone_ms", "clone/native",
-                                                                     "torchops/clone", "aten_mul/clone", "clone_again/clone",
+                                                                     "torchops/clone", "aten_mul/clone",
+                                                                     "clone_again/clone", "ops_clone/clone",
                                                                      "torchops_y_blocks", "clone_y_blocks",
                                                                      "shared_y_blocks"])
     return rows
