@@ -2,10 +2,8 @@
 // device-independent orchestration around the per-device kernels.
 #include "fused_batch_norm.h"
 
-#include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
-#include <c10/core/CPUAllocator.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -87,60 +85,11 @@ at::Tensor like_layout(const at::Tensor& t, const Prepared& p) {
   return p.channels_last ? t.contiguous(*p.channels_last) : t.contiguous();
 }
 
-// The CPU outputs come from malloc, not from the CPU allocator (which asks posix_memalign for 64-byte
-// alignment), so that each call's outputs take the blocks the previous call freed.
-// - posix_memalign carves the aligned block out of a larger one and frees the few bytes past its end. Small
-//   objects (the call's IValues and tensor structs) were then placed there, fencing the block: the next y no
-//   longer fitted in it (it needs the 64 + 32 bytes of slack again) and went elsewhere, so y rotated over 2-7
-//   heap blocks (bench column torchops_y_blocks). At 12.8 MB x and y about fill the L3, and a y at another
-//   address each call is not in it. malloc hands a freed block back for the same request as it is: y took 1
-//   block in every case-run since (docs/fused_batch_norm.md, twelfth pass).
-// - The [C] statistics take plain malloc (16-byte alignment): 1 KB blocks then come from glibc's per-thread
-//   cache instead of being cut from the space around y. y and dx are aligned to 64 bytes by hand, as the
-//   CPU allocator's are (the kernels' vector loops and non-temporal stores want that).
-// The CPU allocator is used instead when someone installed another one or the profiler records memory.
-struct MallocAllocator final : c10::Allocator {
-  explicit constexpr MallocAllocator(size_t align) : align_(align) {}
-  static void release(void* base) { std::free(base); }
-  c10::DataPtr allocate(size_t n) override {
-    const c10::Device cpu(c10::DeviceType::CPU);
-    if (n == 0) return {nullptr, nullptr, &release, cpu};
-    void* base = std::malloc(n + align_);
-    TORCH_CHECK(base != nullptr, "out of memory allocating ", n, " bytes of a batch norm output");
-    if (align_ == 0) return {base, base, &release, cpu};
-    const auto addr = (reinterpret_cast<uintptr_t>(base) + align_ - 1) & ~static_cast<uintptr_t>(align_ - 1);
-    return {reinterpret_cast<void*>(addr), base, &release, cpu};
-  }
-  // raw_allocate needs the data pointer to be the context, which holds only without alignment.
-  c10::DeleterFnPtr raw_deleter() const override { return align_ == 0 ? &release : nullptr; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    if (count > 0) std::memcpy(dest, src, count);
-  }
-
- private:
-  size_t align_;
-};
-
-bool use_malloc(const at::TensorOptions& opts) {
-  return opts.device().is_cpu() && !c10::memoryProfilingEnabled() &&
-         c10::GetCPUAllocator() == c10::GetDefaultCPUAllocator();
-}
-
 // An uninitialized [c] statistics vector.
-at::Tensor stats_empty(int64_t c, const at::TensorOptions& opts) {
-  if (!use_malloc(opts)) return at::empty({c}, opts);
-  static MallocAllocator allocator(0);
-  return at::detail::empty_generic({c}, &allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
-                                   opts.dtype().toScalarType(), std::nullopt);
-}
+at::Tensor stats_empty(int64_t c, const at::TensorOptions& opts) { return at::empty({c}, opts); }
 
 // An uninitialized tensor of x's shape and strides (x is dense: contiguous in its memory format), for y or dx.
-at::Tensor output_empty(const at::Tensor& x) {
-  if (!use_malloc(x.options())) return at::empty_like(x);
-  static MallocAllocator allocator(64);
-  return at::detail::empty_strided_generic(x.sizes(), x.strides(), &allocator,
-                                           c10::DispatchKeySet(c10::DispatchKey::CPU), x.scalar_type());
-}
+at::Tensor output_empty(const at::Tensor& x) { return at::empty_like(x); }
 
 // A fresh copy of a [C] statistics vector. On the CPU a plain memcpy: clone() goes through TensorIterator,
 // ~1 us per call, and inference returns four of these (4 us of its ~20 us fixed cost, measured).
@@ -212,14 +161,10 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const auto u = stats_dtype(x);
   const auto uopts = x.options().dtype(u);
   Prepared p = prepare(x, cdim);
-  at::Tensor reserve_3 = stats_empty(0, uopts);  // as the other small outputs: no dispatch
+  at::Tensor reserve_3 = stats_empty(0, uopts);
   const bool has_data = p.layout.n() > 0 && channels > 0;
 
   if (!is_training) {
-    // The small outputs before y (see MallocAllocator): nothing is then cut from the space around y in this
-    // call, and the block y frees takes the next call's y. (When they came from posix_memalign, small outputs
-    // first were cut from the front of the previous y's block and, at 25 MB, y was trimmed and faulted in
-    // again on every call; from malloc they come from the thread cache.)
     at::Tensor bm = copy_vector(mean), bv = copy_vector(variance);
     at::Tensor r1 = copy_vector(mean), r2 = copy_vector(variance);
     at::Tensor y = output_empty(p.x);
@@ -238,7 +183,6 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
     return {y, batch_mean, batch_var, nan_vector(channels, uopts), nan_vector(channels, uopts), reserve_3};
   }
 
-  // The small outputs before y, as in inference above.
   at::Tensor mean_b = stats_empty(channels, uopts);
   at::Tensor var_b = stats_empty(channels, uopts);
   at::Tensor batch_mean = stats_empty(channels, uopts);

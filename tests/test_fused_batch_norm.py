@@ -326,7 +326,7 @@ def test_large_inference_equals_its_slices(fmt):
     assert torch.equal(y, torch.cat(parts))
 
 
-# ---------------------------------------------------------------- CPU output memory (MallocAllocator)
+# ---------------------------------------------------------------- CPU output memory
 
 def _cpu_outputs(x, training):
     _, scale, offset, mean, var = make_inputs(tuple(x.shape), "NCHW", x.dtype, "cpu", seed=15)
@@ -340,9 +340,8 @@ def _cpu_outputs(x, training):
 @pytest.mark.parametrize("memory_format", [torch.contiguous_format, torch.channels_last])
 @pytest.mark.parametrize("training", [True, False])
 def test_cpu_outputs_are_aligned_and_usable(dtype, memory_format, training):
-    # y and dx come from malloc, aligned by hand to 64 bytes as the CPU allocator's blocks are, in x's memory
-    # format; the tensors behave as any other (in-place ops, resize, share_memory_, pickling). The [C] outputs:
-    # test_cpu_statistics_outputs_are_ordinary_tensors.
+    # y and dx are aligned (the kernels' vector loops want it) and in x's memory format; the tensors behave as any
+    # other (in-place ops, resize, share_memory_, pickling). The [C] outputs: test_cpu_statistics_outputs_are_ordinary_tensors.
     x = torch.randn(3, 16, 5, 7, dtype=dtype).contiguous(memory_format=memory_format)
     (y, *_), (dx, *_) = _cpu_outputs(x, training)
     for t in (y, dx):
@@ -360,24 +359,8 @@ def test_cpu_outputs_are_aligned_and_usable(dtype, memory_format, training):
         assert torch.equal(t[:n], in_memory_order)
 
 
-def test_cpu_output_block_is_reused_call_after_call():
-    # The same request each call: malloc hands the freed block back, so y does not rotate over heap blocks
-    # (with the CPU allocator's posix_memalign it took 2-7 blocks in many processes: see MallocAllocator).
-    x, scale, offset, mean, var = make_inputs((16, 64, 28, 28), "NCHW", torch.float32, "cpu", seed=16)
-    for memory_format in (torch.contiguous_format, torch.channels_last):
-        xm = x.contiguous(memory_format=memory_format)
-        for training in (False, True):
-            seen = set()
-            for i in range(14):
-                y = fbn(xm, scale, offset, mean, var, 1e-3, 1.0, "NCHW", training)[0]
-                if i >= 4:
-                    seen.add(y.data_ptr())
-                del y
-            assert len(seen) == 1, (memory_format, training, [hex(p) for p in seen])
-
-
 def test_cpu_outputs_take_the_cpu_allocator_when_memory_is_profiled():
-    # The profiler's memory view sees outputs from the CPU allocator only, so it is used while memory is profiled.
+    # Outputs come from PyTorch's CPU allocator like every other op's, so the memory profiler accounts for them.
     x, scale, offset, mean, var = make_inputs((4, 8, 16, 16), "NCHW", torch.float32, "cpu", seed=17)
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         y = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NCHW", False)[0]
@@ -686,8 +669,8 @@ def test_inference_outputs_are_copies_not_views(stats, n):
 
 
 def test_cpu_statistics_outputs_are_ordinary_tensors(tmp_path):
-    # On the CPU the [C] outputs come from plain malloc, not the CPU allocator (csrc/fused_batch_norm.cpp,
-    # MallocAllocator): they must still grow, move to shared memory, pickle and free like any tensor.
+    # The [C] outputs (some filled by memcpy on the CPU) must grow, move to shared memory, pickle and free like
+    # any tensor.
     x, scale, offset, mean, var = make_inputs((4, 3, 5, 6), "NHWC")
     train = fbn(x, scale, offset, mean, var, 1e-3, 0.5, "NHWC", True)
     infer = fbn(x, scale, offset, mean, var, 1e-3, 1.0, "NHWC", False)
