@@ -360,6 +360,15 @@ def test_accumulators_refuse_export_and_say_why(strict, sparse):
     msg = str(e.value)
     assert f"torchops.{type(acc).__name__} cannot be exported" in msg, msg
     assert "call it around the exported program" in msg
+
+    class SetStep(nn.Module):
+        def forward(self, x):
+            acc.set_global_step(5)
+            return x + 1
+
+    with pytest.raises(Exception, match=f"torchops.{type(acc).__name__} cannot be exported"):
+        export(SetStep(), (x,), strict=strict)
+    assert acc.global_step() == 0
     # nothing was applied while tracing, and the accumulator still works eagerly
     assert acc.num_accumulated() == 0
     m(x)

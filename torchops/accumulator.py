@@ -99,6 +99,7 @@ class _Base:
     def set_global_step(self, new_global_step: int) -> None:
         """Sets the global step; gradients with a smaller local_step are dropped from then on. A lower value
         than the current one is allowed with a warning (as TF)."""
+        self._refuse_export()
         self.handle.set_global_step(int(new_global_step))
 
     def global_step(self) -> int:
