@@ -94,13 +94,20 @@ def test_demo_threads_short_run(tmp_path):
     proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--steps", "4", "--target", "0")
     out = _check_ok(proc, tmp_path, "block-lstm")
     assert "3 threads" in out
+    # the AOTInductor package: checked equal to eager and served, directly and behind Batched
+    assert os.path.exists(tmp_path / "digits_block-lstm.pt2")
+    assert "AOTInductor: torch.export + aoti_compile_and_package" in out
+    assert "serving AOTInductor " in out and "serving AOTInductor + Batched" in out
+    assert "AOTInductor serving (req/s)" in out
 
 
 @pytest.mark.timeout(600)
 def test_demo_processes_short_run(tmp_path):
-    proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--processes", "--steps", "4", "--target", "0")
+    proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--processes", "--steps", "4", "--target", "0",
+                    "--no-aoti")
     out = _check_ok(proc, tmp_path, "block-lstm")
     assert "3 processes" in out
+    assert "AOTInductor" not in out and not os.path.exists(tmp_path / "digits_block-lstm.pt2")
 
 
 @pytest.mark.timeout(600)

@@ -55,6 +55,16 @@ def _take(fn, *args):
 class _Base:
     _cls = ""
 
+    def _refuse_export(self) -> None:
+        # The handle is a live C++ object shared with other threads; tracing would bake in one step's result.
+        if torch.compiler.is_exporting():
+            raise RuntimeError(
+                f"torchops.{type(self).__name__} cannot be exported (torch.export / AOTInductor): its state (the "
+                f"gradients accepted so far, the global step, the waiting takers) lives in this process and is shared "
+                f"between threads, which an exported program cannot carry. Export the model without it and call it "
+                f"around the exported program: apply_grad the gradients the program computes and take_grad in eager "
+                f"Python (see docs/deployment.md)")
+
     def __init__(self, dtype, shape=None, shared_name: Optional[str] = None, reduction_type: str = "MEAN",
                  container: str = "", name: Optional[str] = None):
         self.dtype = _check_dtype(dtype)
@@ -89,6 +99,7 @@ class _Base:
     def set_global_step(self, new_global_step: int) -> None:
         """Sets the global step; gradients with a smaller local_step are dropped from then on. A lower value
         than the current one is allowed with a warning (as TF)."""
+        self._refuse_export()
         self.handle.set_global_step(int(new_global_step))
 
     def global_step(self) -> int:
@@ -120,6 +131,7 @@ class ConditionalAccumulator(_Base):
     _cls = "ConditionalAccumulator"
 
     def apply_grad(self, grad, local_step: int = 0) -> None:
+        self._refuse_export()
         if not isinstance(grad, Tensor):
             grad = torch.as_tensor(grad, dtype=self.dtype)
         elif grad.dtype != self.dtype:
@@ -129,6 +141,7 @@ class ConditionalAccumulator(_Base):
     def take_grad(self, num_required: int, timeout: Optional[float] = None) -> Tensor:
         """Blocks until `num_required` gradients were accepted (or `timeout` seconds pass: TimeoutError,
         state unchanged; or the accumulator is closed: RuntimeError "... was cancelled")."""
+        self._refuse_export()
         return _take(self.handle.take_grad, int(num_required), None if timeout is None else float(timeout))
 
 
@@ -145,6 +158,7 @@ class SparseConditionalAccumulator(_Base):
     def apply_grad(self, grad_indices, grad_values=None, grad_shape=None, local_step: int = 0) -> None:
         """`apply_grad(indices, values, shape=None, local_step=0)`, or `apply_grad(sparse_coo_tensor,
         local_step=...)` (sparse_dim 1: indexed rows)."""
+        self._refuse_export()
         if isinstance(grad_indices, Tensor) and grad_indices.layout == torch.sparse_coo:
             if grad_values is not None or grad_shape is not None:
                 raise ValueError("apply_grad: with a sparse COO gradient pass no grad_values/grad_shape")
@@ -171,6 +185,7 @@ class SparseConditionalAccumulator(_Base):
 
     def take_grad(self, num_required: int, timeout: Optional[float] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """(indices, values, shape); shape[0] is the declared dim 0 (-1 if unknown)."""
+        self._refuse_export()
         return _take(self.handle.take_grad, int(num_required), None if timeout is None else float(timeout))
 
     def take_indexed_slices_grad(self, num_required: int, timeout: Optional[float] = None) -> Tensor:

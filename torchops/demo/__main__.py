@@ -1,5 +1,5 @@
 """python -m torchops.demo [--rnn gru|lstm|block-lstm] [--workers K] [--processes] [--device cpu|cuda]
-                          [--epochs N] [--steps N] [--target ACC] [--out DIR]
+                          [--epochs N] [--steps N] [--target ACC] [--no-aoti] [--out DIR]
 
 End to end on scikit-learn's bundled 8x8 digits (no download):
 1. data: a fixed-seed train/test split, the training set sharded over K workers;
@@ -9,7 +9,9 @@ End to end on scikit-learn's bundled 8x8 digits (no download):
    torchops.optim.SyncReplicasOptimizer, replicas_to_aggregate = K - 1, until test accuracy >= target;
 4. export: TorchScript, saved, reloaded in a fresh process, outputs checked equal;
 5. serving: the reloaded model behind torchops.nn.Batched, 16 client threads, every test image;
-   accuracy equal to unbatched serving, throughput, p50/p99 latency, batch-size histogram;
+   accuracy equal to unbatched serving, throughput, p50/p99 latency, batch-size histogram; then the
+   model exported with torch.export into an AOTInductor package, checked equal to eager and served
+   to the same clients, directly and behind torchops.nn.Batched (skipped with --no-aoti);
 6. a summary table and a PNG (training curve, latency histograms; needs matplotlib).
 Exits non-zero, saying why, if any check fails or the accuracy target is not reached.
 """
@@ -38,6 +40,8 @@ def parse_args(argv=None):
     p.add_argument("--lr", type=float, default=3e-3, help="Adam learning rate (default: 3e-3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--clients", type=int, default=16, help="concurrent serving client threads (default: 16)")
+    p.add_argument("--no-aoti", action="store_true",
+                   help="skip the torch.export + AOTInductor package (its compile takes a minute or more)")
     p.add_argument("--out", default="demo_out", help="folder for the model, the PNG and the summary (default: demo_out)")
     a = p.parse_args(argv)
     if a.workers < 1:
@@ -122,6 +126,37 @@ def main(argv=None) -> int:
     if unb.accuracy != acc_fresh:
         fail(f"unbatched serving accuracy {unb.accuracy:.4f} != the reloaded model's {acc_fresh:.4f}")
 
+    aoti_rows = []
+    if not args.no_aoti:
+        pkg = os.path.join(args.out, f"digits_{args.rnn}.pt2")
+        t = time.perf_counter()
+        serve.export_aoti(model, x_test[:2], pkg)
+        t_aoti = time.perf_counter() - t
+        with torch.no_grad():
+            aoti = predict(serve.AOTIModule(pkg), x_test).cpu()
+        d_aoti = (aoti - eager).abs().max().item()
+        acc_eager, acc_aoti = accuracy(eager, test_set[1]), accuracy(aoti, test_set[1])
+        print(f"AOTInductor: torch.export + aoti_compile_and_package -> {pkg} ({os.path.getsize(pkg) // 1024} KiB, "
+              f"{t_aoti:.1f} s); max |logit difference| {d_aoti:.1e}, test accuracy {acc_aoti:.4f} (eager "
+              f"{acc_eager:.4f})", flush=True)
+        if d_aoti > 1e-4 or acc_aoti != acc_eager:
+            fail(f"the AOTInductor package differs from the trained model (max difference {d_aoti:.2e}, accuracy "
+                 f"{acc_aoti:.4f} vs {acc_eager:.4f})")
+        a_unb, a_bat = serve.serve_aoti(pkg, test_set, args.device, clients=args.clients)
+        for r in (a_unb, a_bat):
+            print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {args.clients} threads in "
+                  f"{r.seconds:.2f} s, {r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 "
+                  f"{r.percentile(99):.0f} us, accuracy {r.accuracy:.4f}", flush=True)
+        for r in (a_unb, a_bat):
+            if r.accuracy != acc_eager:
+                fail(f"serving {r.name} gave accuracy {r.accuracy:.4f}, eager {acc_eager:.4f}")
+        aoti_rows = [
+            ("AOTInductor package", f"max |diff| {d_aoti:.1e}, accuracy {acc_aoti:.4f} = eager, compiled in "
+                                    f"{t_aoti:.1f} s"),
+            ("AOTInductor serving (req/s)", f"unbatched {a_unb.throughput:.0f}, batched {a_bat.throughput:.0f} "
+                                            f"(accuracy {a_unb.accuracy:.4f} / {a_bat.accuracy:.4f})"),
+        ]
+
     # 6. summary
     total = time.perf_counter() - t_start
     png = os.path.join(args.out, "demo.png")
@@ -142,6 +177,7 @@ def main(argv=None) -> int:
         ("latency p50 / p99 (us)", f"batched {bat.percentile(50):.0f} / {bat.percentile(99):.0f}, "
                                    f"unbatched {unb.percentile(50):.0f} / {unb.percentile(99):.0f}"),
         ("batch sizes (size:count)", hist),
+        *aoti_rows,
         ("PNG", png if note is None else note),
         ("wall time", f"{total:.1f} s"),
     ]

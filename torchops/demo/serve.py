@@ -1,6 +1,7 @@
 """Export and serving: the trained model scripted with TorchScript, saved, reloaded and checked in a
 fresh process; then the reloaded model served through torchops.nn.Batched to concurrent client threads,
-against the same clients calling it unbatched."""
+against the same clients calling it unbatched. The same model is also exported with torch.export and
+compiled into an AOTInductor package, which is served to the same clients."""
 import os
 import subprocess
 import sys
@@ -58,6 +59,25 @@ def _fresh_process_main(model_path: str, inp: str, out: str, device: str) -> Non
     with torch.no_grad():
         y = torch.cat([m(x[i:i + 512]) for i in range(0, len(x), 512)])
     torch.save(y.cpu(), out)
+
+
+def export_aoti(model: nn.Module, example: Tensor, path: str) -> str:
+    """torch.export (dynamic batch) + AOTInductor: a package (.pt2) that runs without Python, from
+    `torch._inductor.aoti_load_package` or C++'s `torch::inductor::AOTIModelPackageLoader`."""
+    model.eval()
+    ep = torch.export.export(model, (example,), dynamic_shapes=({0: torch.export.Dim("batch", min=1)},))
+    return torch._inductor.aoti_compile_and_package(ep, package_path=path)
+
+
+class AOTIModule(nn.Module):
+    """A loaded AOTInductor package as a module, so that torchops.nn.Batched can batch its calls."""
+
+    def __init__(self, package_path: str):
+        super().__init__()
+        self.package = torch._inductor.aoti_load_package(package_path)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.package(x)
 
 
 @dataclass
@@ -142,6 +162,30 @@ def serve(model_path: str, test_set, device: str = "cpu", clients: int = CLIENTS
     batched = ServeResult("torchops.nn.Batched (scripted)", sec, lat, pred, (pred == y).float().mean().item(),
                           histogram=dict(sorted(stats["batch_size_histogram"].items())),
                           batches=stats["batches_formed"], queue_wait_us=stats["queue_wait_us"])
+    return unbatched, batched
+
+
+def serve_aoti(package_path: str, test_set, device: str = "cpu", clients: int = CLIENTS, max_batch_size: int = 16,
+               batch_timeout_micros: int = 2000):
+    """(unbatched, batched): the AOTInductor package served as `serve` serves the TorchScript model."""
+    x, y = test_set[0].to(device), test_set[1]
+    model = AOTIModule(package_path)
+    batched_model = torchops.nn.Batched(model, num_batch_threads=1, max_batch_size=max_batch_size,
+                                        batch_timeout_micros=batch_timeout_micros)
+    warm = x[:8 * clients]
+    _run_clients(model, warm, clients)
+    _run_clients(batched_model, warm, clients)
+    logits, lat, sec = _run_clients(model, x, clients)
+    pred = logits.argmax(1).cpu()
+    unbatched = ServeResult("AOTInductor", sec, lat, pred, (pred == y).float().mean().item())
+    before = torchops.batching.stats(batched_model.shared_name)
+    logits, lat, sec = _run_clients(batched_model, x, clients)
+    stats = torchops.batching.stats(batched_model.shared_name)
+    pred = logits.argmax(1).cpu()
+    hist = {k: v - before["batch_size_histogram"].get(k, 0) for k, v in stats["batch_size_histogram"].items()}
+    batched = ServeResult("AOTInductor + Batched", sec, lat, pred, (pred == y).float().mean().item(),
+                          histogram={k: v for k, v in sorted(hist.items()) if v},
+                          batches=stats["batches_formed"] - before["batches_formed"])
     return unbatched, batched
 
 

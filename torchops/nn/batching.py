@@ -6,6 +6,15 @@ import torch
 from torch import Tensor
 
 
+# Which calls share a batch is only known at run time, so the batch holder's branch cannot be traced.
+_EXPORT_ERROR = (
+    "torchops.nn.Batched cannot be exported (torch.export / AOTInductor): which concurrent calls share a batch, and "
+    "so which call runs the wrapped module, is decided at run time by this process's batching queue, which an "
+    "exported program cannot hold. Instead export the wrapped module (`batched.module`) and batch the calls of the "
+    "loaded program when serving, e.g. torchops.nn.Batched(exported_program.module()) or Batched around a module "
+    "that calls an AOTInductor package (see docs/deployment.md)")
+
+
 class Batched(torch.nn.Module):
     """Wraps `module` so that concurrent `forward` calls (from many Python threads, or many C++
     threads running the scripted model) are concatenated along dim 0, run through `module` once, and
@@ -60,6 +69,9 @@ class Batched(torch.nn.Module):
             raise
 
     def forward(self, x: Tensor) -> Tensor:
+        if not torch.jit.is_scripting():
+            if torch.compiler.is_exporting():
+                raise RuntimeError(_EXPORT_ERROR)
         if x.size(0) == 0:
             return self.module(x)
         fast = not torch.is_grad_enabled()
