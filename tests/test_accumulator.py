@@ -1,5 +1,5 @@
 """ConditionalAccumulator family: TF's conditional_accumulator_test.py and
-sparse_conditional_accumulator_test.py ported (spec §11), plus torchops' own semantics (stale counting,
+sparse_conditional_accumulator_test.py ported, plus torchops' own semantics (stale counting,
 sharing checks, timeouts, close, GIL, stress, TorchScript, CUDA)."""
 import threading
 import time

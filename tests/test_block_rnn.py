@@ -23,7 +23,7 @@ def rnd(*shape, dtype=F64, scale=1.0, gen=None, requires_grad=False):
 
 
 # ================================================================================================
-# Plain-PyTorch references (float64), written from the spec's equations.
+# Plain-PyTorch references (float64), written from the documented cell equations (docs/block_rnn.md).
 # ================================================================================================
 def ref_gru_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
     C = h_prev.shape[1]
@@ -163,7 +163,7 @@ def test_gru_cell_grad_raw_op_matches_tf_formula():
     d_h = rnd(3, 5, gen=torch.Generator().manual_seed(2))
     d_x, d_h_prev, d_c_bar, d_rbu = ops.gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h)
     I, C = 4, 5
-    # spec §3.3, written independently
+    # the GRU cell backward, written independently
     e_dcb = d_h * (1 - u) * (1 - c * c)
     e_dub = d_h * (h_prev - c) * u * (1 - u)
     xh2 = e_dcb @ w_c.T
@@ -187,7 +187,7 @@ def test_gru_cell_gradients_all_outputs_match_reference():
     want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(ref, ups)), args)
     for a, b in zip(got, want):
         close(a, b)
-    # only h: the TF 1.x gradient (§3.4)
+    # only h: the TF 1.x gradient
     got = torch.autograd.grad(ops.gru_block_cell(*args)[3].sum(), args)
     want = torch.autograd.grad(ref_gru_cell(*args)[3].sum(), args)
     for a, b in zip(got, want):
@@ -529,7 +529,7 @@ def test_lstm_cell_grad_raw_op_matches_tf_formula(use_peephole):
     cs_grad, h_grad = rnd(3, 5, gen=g), rnd(3, 5, gen=g)
     cs_prev_grad, dicfo, wci_g, wcf_g, wco_g = ops.lstm_block_cell_grad(*args, i, cs, f, o, ci, co, cs_grad, h_grad,
                                                                         use_peephole)
-    # spec §4.4, written independently
+    # the LSTM cell backward, written independently
     do = o * (1 - o) * h_grad * co
     dcs = (1 - co * co) * h_grad * o + cs_grad
     if use_peephole:

@@ -1,4 +1,4 @@
-"""CudnnRNN ops (spec ../shared/specs/cudnn_rnn.md): params size and layout, converters, forward and
+"""CudnnRNN ops: params size and layout, converters, forward and
 backward against torch.nn.LSTM / GRU / RNN with mapped weights, variable lengths, skip_input, dropout,
 layouts, dtypes, every validation error, opcheck / torch.compile / TorchScript, CUDA parity (with a GPU)."""
 import pytest
@@ -30,7 +30,7 @@ def torch_module(mode, i, h, layers, bi, proj=0, dtype=torch.float64, seed=0):
 
 
 def params_of(m):
-    """The torchops params buffer of a torch RNN module (spec §6.4: gate orders coincide)."""
+    """The torchops params buffer of a torch RNN module (torch's and cuDNN's gate orders coincide)."""
     d = 2 if m.bidirectional else 1
     ws, bs = [], []
     for layer in range(m.num_layers):
@@ -178,7 +178,7 @@ def test_canonical_round_trip(mode, bi, dtype):
 
 
 def test_canonical_projection_shapes():
-    # spec §6.2 example: lstm, L = 2, bidirectional, H = 6, I = 10, P = 3
+    # the documented layout example: lstm, L = 2, bidirectional, H = 6, I = 10, P = 3
     params = torch.randn(1320, dtype=torch.float64)
     ws, bs = F.cudnn_rnn_params_to_canonical_v2(2, 6, 10, params, 36, 32, "lstm", direction="bidirectional",
                                                 num_proj=3)

@@ -413,12 +413,12 @@ def e_batch(b, rng, sub):
         kw["max_batch_size"] = int(rng.choice([0, -2]))
         kw["allowed_batch_sizes"] = []
         if kw["max_batch_size"] < 0:
-            deliberate = "spec §4.1 (max_batch_size < 1 rejected; TF 2.21 rejects only 0)"
+            deliberate = "batch attributes (max_batch_size < 1 rejected; TF 2.21 rejects only 0)"
     elif sub == "batch_timeout_negative":
         kw["batch_timeout_micros"] = -int(rng.integers(1, 1000))
     elif sub == "empty_input_invalid_max_or_timeout":
         rows = 0
-        deliberate = ("spec §4.1 (attributes validated on every call, empty inputs included; TF returns "
+        deliberate = ("batch attributes (attributes validated on every call, empty inputs included; TF returns "
                       "before checking them)")
         if rng.random() < 0.5:
             kw["max_batch_size"], kw["allowed_batch_sizes"] = int(rng.choice([0, -2])), []
@@ -428,7 +428,7 @@ def e_batch(b, rng, sub):
         kw["max_enqueued_batches"] = 0
     elif sub == "max_enqueued_batches_negative":
         kw["max_enqueued_batches"] = -int(rng.integers(1, 5))
-        deliberate = "spec §4.1 / §12 (negative max_enqueued_batches: TF unchecked, torchops rejects)"
+        deliberate = "batch attributes (negative max_enqueued_batches: TF unchecked, torchops rejects)"
     if ins is None:
         ins, _ = rand_inputs(b, rng, rows, specs=[(dt, tr)] * int(rng.integers(1, 3)))
     b.step("batch", "batch", deliberate=deliberate, expect=expect, in_tensors=ins,
@@ -458,7 +458,7 @@ def e_unbatch(b, rng, sub):
         me = rng.integers(0, 3, (3, 3, 1)).astype(np.int64)
     elif sub == "index_rank3_scalar_id":           # [K,3,1]: TF reads it as [K,3]
         idx = idx.reshape(K, 3, 1)
-        deliberate = "spec §5.1 (torchops may reject a batch_index of rank != 2 after the id check)"
+        deliberate = "unbatch validation (torchops may reject a batch_index of rank != 2 after the id check)"
     elif sub == "split_sizes_exceed_dim0":
         idx = index_rows(rng, ids[:K], sizes + 1)
         idx[-1, 2] += D                              # make the sum certainly exceed dim 0
@@ -538,16 +538,16 @@ def k_isolated(b, rng, which):
     b.isolate, b.sub, b.join_s = True, which, 4.0
     dt, tr = rand_dtype(rng), rand_trailing(rng)
     u = dict(container="", shared_name=b.name("u"))
-    if which == "unbatch_rank1_index_from_empty_batch":   # §4.2 outputs fed to Unbatch
+    if which == "unbatch_rank1_index_from_empty_batch":   # empty-input Batch outputs fed to Unbatch
         b.step("batch", "batch", in_tensors=[b.arr(rand_array(rng, dt, (0,) + tr), dt)],
                **batch_args(b, rng, 4, 0, allowed=[]))
-        b.step("unbatch", "unbatch", deliberate="spec §5.1 / §12 (rank-1 batch_index: TF crashes, torchops errors)",
+        b.step("unbatch", "unbatch", deliberate="unbatch validation (rank-1 batch_index: TF crashes, torchops errors)",
                batched_tensor=ref("batch", "batched", 0), batch_index=ref("batch", "index"), id=ref("batch", "id"),
                timeout_micros=0, **u)
     elif which == "unbatch_negative_split_size":
         ids = rand_ids(rng, 2)
         b.step("unbatch", "unbatch",
-               deliberate="spec §5.2 / §12 (negative split sizes: TF unchecked, torchops errors)",
+               deliberate="unbatch split (negative split sizes: TF unchecked, torchops errors)",
                batched_tensor=b.arr(rand_array(rng, dt, (4,) + tr), dt),
                batch_index=b.arr(np.array([[ids[0], 0, 3], [ids[1], 3, 2]], np.int64), "int64"),
                id=b.arr(np.array(ids[0], np.int64), "int64"), timeout_micros=UNBATCH_TIMEOUT, **u)
@@ -568,7 +568,7 @@ def k_isolated(b, rng, which):
         b.delays = {"0": 0.0, "1": 0.12}
         b.step("first", "batch", thread=0, deliberate="rule 21 (batch-forming errors reach every task)",
                in_tensors=[b.arr(rand_array(rng, dts[0], (1, 2)), dts[0])], **attrs)
-        b.step("last", "batch", thread=1, deliberate="spec §4.7 (torchops also covers dtype mismatches)",
+        b.step("last", "batch", thread=1, deliberate="batch inputs (torchops also covers dtype mismatches)",
                in_tensors=[b.arr(rand_array(rng, dts[1], (1, 2)), dts[1])], **attrs)
 
 
