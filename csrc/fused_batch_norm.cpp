@@ -94,7 +94,7 @@ at::Tensor like_layout(const at::Tensor& t, const Prepared& p) {
 //   longer fitted in it (it needs the 64 + 32 bytes of slack again) and went elsewhere, so y rotated over 2-7
 //   heap blocks (bench column torchops_y_blocks). At 12.8 MB x and y about fill the L3, and a y at another
 //   address each call is not in it. malloc hands a freed block back for the same request as it is: y took 1
-//   block in every case-run since (docs/fused_batch_norm.md, twelfth pass).
+//   block in every case-run since.
 // - The [C] statistics take plain malloc (16-byte alignment): 1 KB blocks then come from glibc's per-thread
 //   cache instead of being cut from the space around y. y and dx are aligned to 64 bytes by hand, as the
 //   CPU allocator's are (the kernels' vector loops and non-temporal stores want that).
