@@ -10,7 +10,10 @@ SINGLE = {"date": "2026-11-28 01:00 UTC", "machine": "Some CPU, 2 logical cores"
           "threads": 2, "command": "python -m torchops.bench --device cpu --quick",
           "results": {"bn": [{"case": "train fwd (2, 3, 4, 5) NCHW", "torchops_ms": 1.25, "native_ms": 2.5,
                               "ratio": 0.5, "ratio_min": 0.4, "torchops_faults": 3.0, "torchops_GB/s": 10.0}],
-                      "accumulator": [{"case": "apply 64 KB", "torchops_us": 30.0, "add__us": 10.0, "ratio": 3.0}]}}
+                      "accumulator": [{"case": "apply 64 KB", "torchops_us": 30.0, "add__us": 10.0, "ratio": 3.0},
+                                      {"case": "take 64 KB", "latency_us": 80.0}],
+                      "batching": {"throughput": [{"mode": "eager", "clients": 16, "speedup": 1.5,
+                                                   "batched_cpus": 0.5}]}}}
 REPEATED = {"date": "2026-11-28 01:00 UTC", "machine": "Some CPU", "torch": "2.14.1", "device": "cpu", "threads": 2,
             "repeat": 3, "cases": [
                 {"family": "rnn", "case": "gru fwd", "value": "ratio", "median": 0.75, "worst": 0.9,
@@ -27,8 +30,11 @@ def test_single_run_tables_have_the_header_and_the_result_columns():
     assert "| case | torchops_ms | native_ms | ratio |" in md
     assert "| train fwd (2, 3, 4, 5) NCHW | 1.25 | 2.5 | 0.5 |" in md
     assert "| apply 64 KB | 30 | 10 | 3 |" in md
+    # rows with other columns start their own table; named row lists (batching) are titled
+    assert "| case | latency_us |\n|---|---|\n| take 64 KB | 80 |" in md
+    assert "throughput:" in md and "| mode | clients | speedup |\n|---|---|---|\n| eager | 16 | 1.5 |" in md
     # diagnostic columns stay in the JSON, not in the reference table
-    assert "faults" not in md and "ratio_min" not in md and "GB/s" not in md
+    assert "faults" not in md and "ratio_min" not in md and "GB/s" not in md and "cpus" not in md
 
 
 def test_repeated_runs_give_median_and_worst_per_case():

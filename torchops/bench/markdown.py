@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Dict, List
 
 # Diagnostic columns of single runs that a reference table leaves out (they explain a number, they are not one).
-_DIAGNOSTIC = ("faults", "blocks", "clone", "ratio_min", "ratio_max", "GB/s", "cpus_busy")
+_DIAGNOSTIC = ("faults", "blocks", "clone", "aten_mul", "ratio_min", "ratio_max", "GB/s", "cpus")
 # Summary values of `--repeat` runs shown in the table (the others are FusedBatchNorm's floor diagnostics).
 _REPEAT_VALUES = ("ratio", "ratio_med")
 
@@ -65,19 +65,34 @@ def _header(data: dict) -> List[str]:
     return lines
 
 
+def _tables(rows: List[dict]) -> List[str]:
+    """One table per run of consecutive rows that share their (non-diagnostic) columns."""
+    lines: List[str] = []
+    groups: List[List[dict]] = []
+    keys: List[tuple] = []
+    for r in rows:
+        k = tuple(c for c in r if not any(d in c for d in _DIAGNOSTIC))
+        if not groups or k != keys[-1]:
+            groups.append([])
+            keys.append(k)
+        groups[-1].append(r)
+    for columns, group in zip(keys, groups):
+        lines += [""] + _table(list(columns), [[_fmt(r.get(c, "-")) for c in columns] for r in group])
+    return lines
+
+
 def _single_run(data: dict) -> List[str]:
     lines: List[str] = []
-    for family, rows in data.get("results", {}).items():
-        rows = [r for r in rows if isinstance(r, dict) and "case" in r] if isinstance(rows, list) else []
-        if not rows:
-            continue
-        columns: List[str] = []
-        for r in rows:
-            for k in r:
-                if k not in columns and not any(d in k for d in _DIAGNOSTIC):
-                    columns.append(k)
-        lines += ["", f"### {family}", ""]
-        lines += _table(columns, [[_fmt(r.get(c, "-")) for c in columns] for r in rows])
+    for family, result in data.get("results", {}).items():
+        # A family returns a list of rows, or a dict of named lists (one per table it prints).
+        named = result if isinstance(result, dict) else {"": result}
+        body: List[str] = []
+        for name, rows in named.items():
+            rows = [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+            if rows:
+                body += ([f"", f"{name}:"] if name else []) + _tables(rows)
+        if body:
+            lines += ["", f"### {family}"] + body
     return lines
 
 
