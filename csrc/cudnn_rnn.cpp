@@ -81,7 +81,7 @@ struct Cfg {
   int64_t T = 0, B = 0;  // data sizes (0 for the size/converter ops)
 };
 
-// Resolves skip_input (rule 12): explicit skip requires I == H; auto_select picks it iff I == H.
+// Resolves skip_input: explicit skip requires I == H; auto_select picks it iff I == H.
 bool resolve_skip(int input_mode, int64_t I, int64_t H) {
   if (input_mode == 1) {
     TORCH_CHECK(I == H, "input_mode 'skip_input' requires input_size == num_units, got input_size ", I,

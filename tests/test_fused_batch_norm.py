@@ -211,7 +211,7 @@ def test_tf_training_shapes(device, dtype, shape, eaf):
             old_mean = old_var = torch.empty(0, dtype=udtype(dtype), device=device)
         y, bm, bv, rs1, rs2, rs3 = fbn(x, scale, offset, old_mean, old_var, 0.001, eaf, fmt, True)
         assert y.shape == x.shape and bm.dtype == udtype(dtype)
-        if x.numel() == 0:  # torchops rule 3: NaN only for eaf == 1; otherwise old statistics pass through
+        if x.numel() == 0:  # empty input: NaN only for eaf == 1; otherwise old statistics pass through
             if eaf == 1.0:
                 assert torch.isnan(bm).all() and torch.isnan(bv).all()
             else:

@@ -275,7 +275,7 @@ void SparseCore::apply(int64_t local_step, const at::Tensor& indices_in, const a
                         i, " to be ", shape.dims[i], ", got ", values.size(i));
     }
   }
-  // Accumulate (rule 29): duplicates within the gradient are summed and count once; index order is free.
+  // Accumulate: duplicates within the gradient are summed and count once; index order is free.
   const at::Tensor idx = indices_in.device() == values.device() ? indices_in : indices_in.to(values.device());
   const at::Tensor vals = values.to(opmath(dtype));
   std::vector<int64_t> row_shape(values.sizes().begin(), values.sizes().end());

@@ -4,7 +4,7 @@
 //   four outputs r, u, c, h (gru_block_cell_grad keeps TF's d_h-only signature).
 // * lstm_block_cell: backward = _lstm_block_cell_backward (gradients of all seven outputs).
 // * block_lstm / block_lstm_v2: backward = block_lstm_grad / block_lstm_grad_v2 (the V2 op has the
-//   correct IFCO gradient, rule 10c) when only cs and h receive gradients; _block_lstm_backward when
+//   correct IFCO gradient) when only cs and h receive gradients; _block_lstm_backward when
 //   gate outputs do too.
 // * block_gru: backward = block_gru_grad.
 // Double backward is not supported (TF has none): the grad ops are registered with PyTorch's

@@ -172,7 +172,7 @@ class UnbatchGradResource {
   std::unordered_map<int64_t, int64_t> missing_to_holder_;
 };
 
-// Process-wide registries. get_or_create_* check rule 20 (attributes fixed by the creator).
+// Process-wide registries. get_or_create_* check that the attributes match the creator's.
 std::shared_ptr<BatchResource> get_or_create_batch(c10::string_view container, c10::string_view shared_name,
                                                    const BatchOptions& o);
 std::shared_ptr<UnbatchResource> get_or_create_unbatch(c10::string_view container, c10::string_view shared_name,

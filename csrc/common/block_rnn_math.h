@@ -214,7 +214,7 @@ struct LstmBackward {
 
 // One element of the LSTM cell backward (extended with the gradients g_* arriving
 // at the gate outputs; gates = false: all g_* = 0, TF's LSTMBlockCellGrad). dh / dcs_in: total gradient
-// arriving at h and cs. Straight-through cell clip (rule 10d); peephole terms added once (rule 10f).
+// arriving at h and cs. Straight-through cell clip; peephole terms added once.
 // Every term is formed in TF's order of operations (BlockLSTMBprop in TF's lstm_ops.h) and the g_*
 // terms are added after TF's, so that without them the results are TF's bit for bit.
 template <typename U>

@@ -10,7 +10,7 @@ Per step:
 * both raise: message-only difference (c); the two messages are printed side by side (wording need not match).
 * one raises (or stays blocked past the scenario's join timeout, "hung") and the other does not, or values differ:
   a mismatch (a), unless the generator tagged the step with a difference docs/batching.md declares deliberate (b), e.g.
-  rule 20 (attribute mismatch on a shared resource raises), rule 21 (batch-forming errors reach every task; TF
+  (attribute mismatch on a shared resource raises), (batch-forming errors reach every task; TF
   leaves the others blocked), rank-1 batch_index in Unbatch (TF crashes), negative max_enqueued_batches / split
   sizes. Scenarios whose TF process aborted are listed with torchops' outcome.
 Exit status 1 if any (a) was found.

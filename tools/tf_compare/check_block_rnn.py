@@ -4,10 +4,10 @@ and the worst error as a fraction of the tolerance; exits 1 if any exceeds it.
 
 What is compared (deliberate differences: docs/block_rnn.md):
 * forward ops: every output, except that for BlockLSTM(V2) at t >= seq_len_max only cs and h are compared
-  (TF leaves i, f, o, ci, co uninitialised there; torchops writes zeros, rule 10e).
+  (TF leaves i, f, o, ci, co uninitialised there; torchops writes zeros).
 * gradient ops: fed TF's own forward outputs (and the same random upstream gradients) on both sides; every
   output compared. These are the raw TF kernels (CPU), so the V2 autodiff bug and the GPU
-  double-peephole bug (rule 10f) are not involved.
+  double-peephole bug are not involved.
 * tolerance: float32 rtol = atol = 1e-5; float16 TF's own test tolerance (rtol 8e-3, atol 8e-4).
   An element is within tolerance if |got - ref| <= rtol * |ref| + atol * max(1, max|ref| of that output) (the
   atol term scales with the output's magnitude because gradient sums such as w_grad cancel). "err/tol" is the

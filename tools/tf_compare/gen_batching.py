@@ -285,7 +285,7 @@ def k_threads(b, rng, padded):
 
 def k_form_error(b, rng):
     """Two calls of one batch whose inputs cannot be concatenated (trailing dims or number of inputs differ).
-    TF fails the last task only and leaves the first blocked (spec rule 21: torchops fails both)."""
+    TF fails the last task only and leaves the first blocked (torchops fails both)."""
     rows = [int(rng.integers(1, 3)), int(rng.integers(1, 3))]
     dt = rand_dtype(rng)
     tr = (int(rng.integers(1, 4)),)
@@ -301,13 +301,13 @@ def k_form_error(b, rng):
     attrs = batch_args(b, rng, sum(rows), BIG_TIMEOUT, allowed=[], max_enqueued_batches=10)
     b.delays = {"0": 0.0, "1": 0.12}
     b.join_s = 2.0
-    b.step("first", "batch", thread=0, deliberate="rule 21 (batch-forming errors reach every task; TF: others hang)",
+    b.step("first", "batch", thread=0, deliberate="batch-forming errors reach every task (TF: others hang)",
            in_tensors=first, **attrs)
     b.step("last", "batch", thread=1, expect="batch-forming error", in_tensors=second, **attrs)
 
 
 def k_attr_mismatch(b, rng):
-    """A second call under the same shared_name with different attributes (rule 20: torchops raises; TF silently
+    """A second call under the same shared_name with different attributes (torchops raises; TF silently
     uses the first creator's)."""
     which = str(rng.choice(["max_batch_size", "batch_timeout_micros", "allowed_batch_sizes", "num_batch_threads",
                             "max_enqueued_batches", "grad_timeout_micros", "unbatch_timeout_micros"]))
@@ -316,7 +316,7 @@ def k_attr_mismatch(b, rng):
     if which == "unbatch_timeout_micros":
         for k, t in enumerate([UNBATCH_TIMEOUT, UNBATCH_TIMEOUT + 1000]):
             i = rand_ids(rng, 1)[0]
-            b.step("unbatch%d" % k, "unbatch", deliberate="rule 20 (attribute mismatch on a shared resource)"
+            b.step("unbatch%d" % k, "unbatch", deliberate="attribute mismatch on a shared resource"
                    if k else "", batched_tensor=b.arr(rand_array(rng, dt, (2,) + tr), dt),
                    batch_index=b.arr(np.array([[i, 0, 2]], np.int64), "int64"),
                    id=b.arr(np.array(i, np.int64), "int64"), timeout_micros=t, container="",
@@ -329,7 +329,7 @@ def k_attr_mismatch(b, rng):
                  "num_batch_threads": 2, "max_enqueued_batches": 3, "grad_timeout_micros": 1000}[which]
     for k, a in enumerate([a1, a2]):
         ins, _ = rand_inputs(b, rng, int(rng.integers(1, 4)), specs=[(dt, tr)])
-        b.step("batch%d" % k, "batch", deliberate="rule 20 (attribute mismatch on a shared resource)" if k else "",
+        b.step("batch%d" % k, "batch", deliberate="attribute mismatch on a shared resource" if k else "",
                in_tensors=ins, **a)
 
 
@@ -566,7 +566,7 @@ def k_isolated(b, rng, which):
         dts = ["float32", "int32"] if rng.random() < 0.5 else ["float64", "float32"]
         attrs = batch_args(b, rng, 2, BIG_TIMEOUT, allowed=[], max_enqueued_batches=10)
         b.delays = {"0": 0.0, "1": 0.12}
-        b.step("first", "batch", thread=0, deliberate="rule 21 (batch-forming errors reach every task)",
+        b.step("first", "batch", thread=0, deliberate="batch-forming errors reach every task",
                in_tensors=[b.arr(rand_array(rng, dts[0], (1, 2)), dts[0])], **attrs)
         b.step("last", "batch", thread=1, deliberate="batch inputs (torchops also covers dtype mismatches)",
                in_tensors=[b.arr(rand_array(rng, dts[1], (1, 2)), dts[1])], **attrs)
@@ -774,7 +774,7 @@ def worker(outdir, cases, seed, idxs):
         b = draw(i, kinds[i], seed)
         save_case(os.path.join(outdir, "case_%05d.npz" % i), b, run_scenario(b.to_json(), b.arrays, backend))
     sys.stdout.flush()
-    os._exit(0)   # TF threads left blocked on purpose (rule 21 scenarios) must not hold the process
+    os._exit(0)   # TF threads left blocked on purpose (batch-forming error scenarios) must not hold the process
 
 
 def main():
