@@ -1,5 +1,5 @@
 """Batch / Unbatch / UnbatchGrad: TF's batch_ops tests, scheduler
-behaviour, torchops' decisions (rules 19-24), gradients, close/no-hang, stress, TorchScript."""
+behaviour, torchops' deliberate differences from TF, gradients, close/no-hang, stress, TorchScript."""
 import textwrap
 import threading
 import time
@@ -423,7 +423,7 @@ def test_gradients_python_and_cpp_agree():
 
 
 # ---------------------------------------------------------------------------------------------
-# Validation, errors (rules 20, 21, 23)
+# Validation, errors (shared-resource attributes, batch-forming errors reach every call)
 
 @pytest.mark.parametrize("kwargs,match", [
     (dict(num_batch_threads=0), "num_batch_threads must be positive; was 0"),
@@ -1019,6 +1019,7 @@ def test_grad_timeout_when_peer_never_runs_backward():
     assert errors[1] is None
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(330)  # (the helper's own limit is 300 s: a slow import on a loaded machine is no hang)
 def test_interpreter_exit_with_pending_work_does_not_hang(tmp_path):
     script = textwrap.dedent("""

@@ -525,7 +525,7 @@ def test_variable_length_gradients_match_each_sequence_alone(mode, bi):
     torch.testing.assert_close(p.grad, grads_of(m))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in ("lstm", "gru") else m for m in MODES])
 @pytest.mark.parametrize("time_major", [True, False])
 def test_gradcheck_v3(mode, time_major):
     t, b, i, h, layers = 3, 2, 2, 3, 2
@@ -552,6 +552,7 @@ def test_gradcheck_v3(mode, time_major):
     assert torch.autograd.gradcheck(fn, (x, h0, c0, p))
 
 
+@pytest.mark.slow
 def test_gradcheck_projection_v3():
     t, b, i, h, pr = 3, 2, 2, 3, 2
     size = F.cudnn_rnn_params_size(2, h, i, direction="bidirectional", num_proj=pr).item()
@@ -709,6 +710,7 @@ def test_dropout_seeded_masks_are_reproducible():
     assert not torch.equal(d1, d2) and torch.equal(d1, d3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_dropout_gradcheck_reuses_masks(mode):
     layers, h = 3, 3

@@ -89,6 +89,7 @@ def _check_ok(proc, tmp_path, rnn):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)  # (a few seconds of work; minutes when the 2-core machine is shared)
 def test_demo_threads_short_run(tmp_path):
     proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--steps", "4", "--target", "0")
@@ -96,6 +97,7 @@ def test_demo_threads_short_run(tmp_path):
     assert "3 threads" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_demo_processes_short_run(tmp_path):
     proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--processes", "--steps", "4", "--target", "0")
@@ -103,6 +105,7 @@ def test_demo_processes_short_run(tmp_path):
     assert "3 processes" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_demo_fails_loudly_when_the_target_is_not_reached(tmp_path):
     proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "2", "--steps", "1", "--target", "1.0")
