@@ -108,7 +108,7 @@ def extension():
     if platform.machine() == "x86_64" and sys.platform != "win32" and not debug:
         # Hot loops start on a 64-byte line (GCC's default aligns to 16): the channels-first inference loop
         # crossed a line and ran 1.23x (median of 5 processes) the same loop in a separate extension; aligned
-        # 1.06x (docs/fused_batch_norm.md, "eighth pass").
+        # 1.06x.
         cxx.append("-falign-loops=64")
     if sys.platform.startswith("linux"):
         # at::parallel_for is an OpenMP pragma in ATen's headers (AT_PARALLEL_OPENMP): without -fopenmp the

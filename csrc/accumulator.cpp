@@ -1,6 +1,6 @@
 // ConditionalAccumulator family: the TorchScript custom classes (the accumulator handles), the TF-style
 // ops taking them (schemas + device-independent kernels) and the internal per-device accumulation op.
-// Spec: shared/specs/conditional_accumulator.md. The state machines live in csrc/accumulator/.
+// The state machines live in csrc/accumulator/.
 //
 // Every op is registered at CompositeExplicitAutograd (the resource does the work and calls the
 // per-device kernel `_accumulator_add_` itself) and at Autograd with the same function: nothing here is

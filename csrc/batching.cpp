@@ -1,6 +1,6 @@
-// Batch / Unbatch / UnbatchGrad: schemas, validation (TF's order and messages, spec §4-§6) and the
+// Batch / Unbatch / UnbatchGrad: schemas, validation (TF's order and messages) and the
 // device-independent kernels (registered at CompositeExplicitAutograd: the work is ATen concatenation
-// and slicing, so every device works; the autograd at the Autograd key is CPU-only, spec §7).
+// and slicing, so every device works; the autograd at the Autograd key is CPU-only).
 // The stateful resources live in csrc/batching/.
 #include "batching/batching.h"
 
@@ -139,7 +139,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
     }
   }
   if (in_tensors[0].size(0) == 0) {
-    // Degenerate empty input (spec §4.2): every output is a 1-D [0] tensor, nothing is enqueued.
+    // Degenerate empty input: every output is a 1-D [0] tensor, nothing is enqueued.
     std::vector<at::Tensor> outs;
     for (const auto& t : in_tensors) outs.push_back(at::empty({0}, t.options()));
     auto opts = in_tensors[0].options().dtype(at::kLong);
@@ -154,7 +154,7 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
   return {std::move(out.batched), out.batch_index.to(dev), id.to(dev)};
 }
 
-// Validation in TF's order (spec §5.1), then the sequential split.
+// Validation in TF's order, then the sequential split.
 at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& batch_index, const at::Tensor& id,
                           int64_t timeout_micros, c10::string_view container, c10::string_view shared_name) {
   InFlight in_flight;

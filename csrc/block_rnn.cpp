@@ -1,4 +1,4 @@
-// GRU / LSTM block ops: schemas, validation (TF's order and key phrases, spec §3.2, §4.3, §4.5, §4.6)
+// GRU / LSTM block ops: schemas, validation (TF's order and key phrases)
 // and the device-independent orchestration. One algorithm for every op: the input projections of all
 // time steps are one GEMM (x rows of the weight), each step adds the recurrent GEMM (h rows of the
 // weight) in place and runs one fused elementwise kernel per gate step. The weight/input gradients
@@ -112,7 +112,7 @@ at::Tensor sum_rows(const at::Tensor& m) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// GRU validation (spec §3.2)
+// GRU validation
 // ------------------------------------------------------------------------------------------------
 struct Dims {
   int64_t B, I, C;
@@ -229,7 +229,7 @@ struct GruGrads {
   at::Tensor x_grad, h_prev_grad, w_ru_grad, w_c_grad, b_ru_grad, b_c_grad;
 };
 
-// Backward of L steps (spec §3.3, §3.6, time recursion like §4.6). d_c_bar [L,B,C] and d_rbu
+// Backward of L steps (time recursion like BlockLSTM's). d_c_bar [L,B,C] and d_rbu
 // [L,B,2C] are caller-provided buffers (outputs of gru_block_cell_grad, workspaces otherwise).
 // h [T,B,C] is only read for t >= 1. Gradients arriving at r/u/c (g_*) are optional.
 void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::Tensor& w_ru,
@@ -527,7 +527,7 @@ at::Tensor sum_tb(const at::Tensor& a, const at::Tensor& b) {
   return at::sum(p.reshape({-1, p.size(-1)}), {0}).to(st);
 }
 
-// Backward of L steps (spec §4.6 with §4.7's gate-output gradients). `dgates` [L,B,4C] is a
+// Backward of L steps (with gradients arriving at the gate outputs too). `dgates` [L,B,4C] is a
 // caller-provided buffer. With input_grads = false only the cell part (LSTMBlockCellGrad) runs.
 void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                         const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
@@ -913,7 +913,7 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
   m.def(
       "gru_block_cell_grad(Tensor x, Tensor h_prev, Tensor w_ru, Tensor w_c, Tensor b_ru, Tensor b_c, Tensor r, "
       "Tensor u, Tensor c, Tensor d_h) -> (Tensor d_x, Tensor d_h_prev, Tensor d_c_bar, Tensor d_r_bar_u_bar)");
-  // Internal: the autograd backward of gru_block_cell (spec §3.6): gradients arriving at all four
+  // Internal: the autograd backward of gru_block_cell: gradients arriving at all four
   // outputs (each optional), all six input gradients.
   m.def(
       "_gru_block_cell_backward(Tensor x, Tensor h_prev, Tensor w_ru, Tensor w_c, Tensor r, Tensor u, Tensor c, "
@@ -939,7 +939,7 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
       "Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor cs_grad, "
       "Tensor h_grad, bool use_peephole) "
       "-> (Tensor cs_prev_grad, Tensor dicfo, Tensor wci_grad, Tensor wcf_grad, Tensor wco_grad)");
-  // Internal: autograd backward of lstm_block_cell with gradients at all seven outputs (spec §4.7).
+  // Internal: autograd backward of lstm_block_cell with gradients at all seven outputs.
   m.def(
       "_lstm_block_cell_backward(Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, Tensor wcf, "
       "Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor? cs_grad, "
@@ -967,7 +967,7 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
       "Tensor cs_grad, Tensor h_grad, bool use_peephole) "
       "-> (Tensor x_grad, Tensor cs_prev_grad, Tensor h_prev_grad, Tensor w_grad, Tensor wci_grad, "
       "Tensor wcf_grad, Tensor wco_grad, Tensor b_grad)");
-  // Internal: autograd backward of block_lstm(_v2) with gradients at all seven outputs (spec §4.7).
+  // Internal: autograd backward of block_lstm(_v2) with gradients at all seven outputs.
   m.def(
       "_block_lstm_backward(Tensor seq_len_max, Tensor x, Tensor cs_prev, Tensor h_prev, Tensor w, Tensor wci, "
       "Tensor wcf, Tensor wco, Tensor b, Tensor i, Tensor cs, Tensor f, Tensor o, Tensor ci, Tensor co, Tensor h, "

@@ -1,5 +1,5 @@
-// CudnnRNN family: schemas, validation (spec §4, TF's order and wording where TF has a message), the
-// params layout (§6), and the device-independent orchestration of the forward and backward (§5, §7-§9).
+// CudnnRNN family: schemas, validation (TF's order and wording where TF has a message), the
+// params layout, and the device-independent orchestration of the forward and backward.
 //
 // One algorithm on every device. Per layer and direction: one GEMM for the input projection of all time
 // steps (written straight into the gate buffer of reserve_space), then per step one recurrent GEMM and
@@ -81,7 +81,7 @@ struct Cfg {
   int64_t T = 0, B = 0;  // data sizes (0 for the size/converter ops)
 };
 
-// Resolves skip_input (rule 12): explicit skip requires I == H; auto_select picks it iff I == H.
+// Resolves skip_input: explicit skip requires I == H; auto_select picks it iff I == H.
 bool resolve_skip(int input_mode, int64_t I, int64_t H) {
   if (input_mode == 1) {
     TORCH_CHECK(I == H, "input_mode 'skip_input' requires input_size == num_units, got input_size ", I,
@@ -91,13 +91,13 @@ bool resolve_skip(int input_mode, int64_t I, int64_t H) {
   return input_mode == 2 && I == H;
 }
 
-// ---- params layout (spec §6.2): all matrices of every pseudo-layer, then all biases ----
+// ---- params layout: all matrices of every pseudo-layer, then all biases ----
 struct Region {
   int64_t off, rows, cols;  // cols < 0 marks a bias (1-D, rows elements)
   int64_t numel() const { return cols < 0 ? rows : rows * cols; }
 };
 struct Layout {
-  std::vector<Region> weights, biases;  // canonical order (§6.1)
+  std::vector<Region> weights, biases;  // canonical order
   std::vector<int64_t> w_off, r_off, p_off, bw_off, br_off;  // per pseudo-layer
   int64_t size = 0;
 };
@@ -143,7 +143,7 @@ Layout make_layout(const Cfg& c) {
   return lay;
 }
 
-// Configuration of the size/converter ops from their int inputs and attrs (§4.1 torchops checks).
+// Configuration of the size/converter ops from their int inputs and attrs (torchops' own checks).
 Cfg model_cfg(int64_t num_layers, int64_t num_units, int64_t input_size, Str rnn_mode, Str input_mode, Str direction,
               double dropout, int64_t num_proj) {
   Cfg c;
@@ -168,7 +168,7 @@ Cfg model_cfg(int64_t num_layers, int64_t num_units, int64_t input_size, Str rnn
   return c;
 }
 
-// ---- forward / backward validation (spec §4.2, in TF's order) ----
+// ---- forward / backward validation (in TF's order) ----
 bool is_float(at::ScalarType t) {
   return t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16;
 }
@@ -314,7 +314,7 @@ std::vector<int64_t> header_of(const Cfg& c, bool has_mask, int64_t total) {
   return h;
 }
 
-// ---- dropout (spec §8) ----
+// ---- dropout ----
 void fill_masks(Res& r, double p, int64_t seed, int64_t seed2) {
   const double keep = 1.0 - p, scale = p < 1.0 ? 1.0 / keep : 0.0;
   const bool seeded = seed != 0 || seed2 != 0;

@@ -1,4 +1,4 @@
-// CudnnRNN family (spec ../shared/specs/cudnn_rnn.md): CudnnRNN / V2 / V3 and their Backprop ops,
+// CudnnRNN family: CudnnRNN / V2 / V3 and their Backprop ops,
 // CudnnRNNParamsSize and the canonical converters. Validation, the params layout and the
 // device-independent orchestration (GEMMs through ATen, the time loops, dropout, the reserve_space
 // layout) live in csrc/cudnn_rnn.cpp; each backend provides the fused per-step kernels below

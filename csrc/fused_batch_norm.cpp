@@ -177,7 +177,7 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   }
   if (!has_data) {
     at::Tensor y = output_empty(p.x);
-    // Batch statistics of an empty set are undefined; running statistics pass through (spec §5.3).
+    // Batch statistics of an empty set are undefined; running statistics pass through.
     at::Tensor batch_mean = use_stats ? copy_vector(mean) : nan_vector(channels, uopts);
     at::Tensor batch_var = use_stats ? copy_vector(variance) : nan_vector(channels, uopts);
     return {y, batch_mean, batch_var, nan_vector(channels, uopts), nan_vector(channels, uopts), reserve_3};
@@ -229,7 +229,7 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
   check_dtype_and_device(x, scale, "scale");
   check_dtype_and_device(x, reserve_space_1, "reserve_space_1");
   check_dtype_and_device(x, reserve_space_2, "reserve_space_2");
-  // An unused placeholder of any shape and dtype (spec §2.2), but its device takes part in dispatch:
+  // An unused placeholder of any shape and dtype, but its device takes part in dispatch:
   // a CUDA reserve_space_3 beside CPU data would run the CUDA kernels on host memory.
   TORCH_CHECK(reserve_space_3.device() == x.device() || reserve_space_3.is_cpu(),
               "reserve_space_3 must be on x's device ", x.device(), " or the CPU, got ", reserve_space_3.device());

@@ -30,7 +30,7 @@ struct Kernels {
   // y = normalized x with the given statistics.
   void (*infer_forward)(const Layout&, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
                         const at::Tensor& mean, const at::Tensor& var, double epsilon, at::Tensor& y);
-  // x_backprop, scale_backprop, offset_backprop of §6 (training or freeze form).
+  // x_backprop, scale_backprop, offset_backprop (training or freeze form).
   void (*backward)(const Layout&, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                    const at::Tensor& mu, const at::Tensor& var, double epsilon, bool is_training,
                    at::Tensor& dx, at::Tensor& dscale, at::Tensor& doffset);

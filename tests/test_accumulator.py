@@ -1,5 +1,5 @@
 """ConditionalAccumulator family: TF's conditional_accumulator_test.py and
-sparse_conditional_accumulator_test.py ported (spec §11), plus torchops' own semantics (stale counting,
+sparse_conditional_accumulator_test.py ported, plus torchops' own semantics (stale counting,
 sharing checks, timeouts, close, GIL, stress, TorchScript, CUDA)."""
 import threading
 import time
@@ -883,6 +883,7 @@ def test_close_all():
     assert not b.closed
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(330)  # (the helper's own limit is 300 s: a slow import on a loaded machine is no hang)
 def test_interpreter_exit_with_blocked_taker_does_not_hang(tmp_path):
     code = (

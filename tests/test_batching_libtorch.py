@@ -6,7 +6,7 @@ import torch
 import torchops
 from conftest import build_libtorch_program, run_libtorch_program
 
-pytestmark = pytest.mark.timeout(400)
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(400)]
 
 
 class _Affine(torch.nn.Module):

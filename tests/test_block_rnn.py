@@ -23,7 +23,7 @@ def rnd(*shape, dtype=F64, scale=1.0, gen=None, requires_grad=False):
 
 
 # ================================================================================================
-# Plain-PyTorch references (float64), written from the spec's equations.
+# Plain-PyTorch references (float64), written from the documented cell equations (docs/block_rnn.md).
 # ================================================================================================
 def ref_gru_cell(x, h_prev, w_ru, w_c, b_ru, b_c):
     C = h_prev.shape[1]
@@ -71,7 +71,7 @@ def ref_lstm_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell
     ci = torch.tanh(gc)
     f = torch.sigmoid(gf + forget_bias)
     cs = i * ci + f * cs_prev
-    if cell_clip > 0:  # straight-through clip (rule 10d)
+    if cell_clip > 0:  # straight-through clip
         cs = cs + (cs.clamp(-cell_clip, cell_clip) - cs).detach()
     co = torch.tanh(cs)
     o = torch.sigmoid(go + cs * wco) if use_peephole else torch.sigmoid(go)
@@ -163,7 +163,7 @@ def test_gru_cell_grad_raw_op_matches_tf_formula():
     d_h = rnd(3, 5, gen=torch.Generator().manual_seed(2))
     d_x, d_h_prev, d_c_bar, d_rbu = ops.gru_block_cell_grad(x, h_prev, w_ru, w_c, b_ru, b_c, r, u, c, d_h)
     I, C = 4, 5
-    # spec §3.3, written independently
+    # the GRU cell backward, written independently
     e_dcb = d_h * (1 - u) * (1 - c * c)
     e_dub = d_h * (h_prev - c) * u * (1 - u)
     xh2 = e_dcb @ w_c.T
@@ -187,7 +187,7 @@ def test_gru_cell_gradients_all_outputs_match_reference():
     want = torch.autograd.grad(sum((o * w).sum() for o, w in zip(ref, ups)), args)
     for a, b in zip(got, want):
         close(a, b)
-    # only h: the TF 1.x gradient (§3.4)
+    # only h: the TF 1.x gradient
     got = torch.autograd.grad(ops.gru_block_cell(*args)[3].sum(), args)
     want = torch.autograd.grad(ref_gru_cell(*args)[3].sum(), args)
     for a, b in zip(got, want):
@@ -529,7 +529,7 @@ def test_lstm_cell_grad_raw_op_matches_tf_formula(use_peephole):
     cs_grad, h_grad = rnd(3, 5, gen=g), rnd(3, 5, gen=g)
     cs_prev_grad, dicfo, wci_g, wcf_g, wco_g = ops.lstm_block_cell_grad(*args, i, cs, f, o, ci, co, cs_grad, h_grad,
                                                                         use_peephole)
-    # spec §4.4, written independently
+    # the LSTM cell backward, written independently
     do = o * (1 - o) * h_grad * co
     dcs = (1 - co * co) * h_grad * o + cs_grad
     if use_peephole:
@@ -537,7 +537,7 @@ def test_lstm_cell_grad_raw_op_matches_tf_formula(use_peephole):
     dci = (1 - ci * ci) * dcs * i
     df = f * (1 - f) * dcs * cs_prev
     di = i * (1 - i) * dcs * ci
-    e_cs_prev = dcs * f + ((di * wci + df * wcf) if use_peephole else 0)  # added once (rule 10f)
+    e_cs_prev = dcs * f + ((di * wci + df * wcf) if use_peephole else 0)  # peephole terms added once
     close(cs_prev_grad, e_cs_prev)
     close(dicfo, torch.cat([di, dci, df, do], 1))
     zero = torch.zeros(5, dtype=F64)
@@ -618,7 +618,7 @@ def test_block_lstm_forward_matches_reference(v2, use_peephole, L):
         want = ref_block_lstm(*args, 0.8, 0.5, use_peephole, False, L=L)
     for a, b in zip(out, want):
         close(a, b)
-    for o in out:  # all seven outputs are zero beyond seq_len_max (rule 10e)
+    for o in out:  # all seven outputs are zero beyond seq_len_max
         assert torch.count_nonzero(o[L:]) == 0
     if L > 0:
         assert (out[1][:L].abs() == 0.5).any()
@@ -657,7 +657,7 @@ def test_block_lstm_v1_v2_consistency():
     torch.testing.assert_close(o1[6], o2[6], rtol=2e-7, atol=0)
     g1 = torch.autograd.grad(o1[1].sum() + o1[6].sum(), v1)
     g2 = torch.autograd.grad(o2[1].sum() + o2[6].sum(), v2)
-    close(icfo_to_ifco(g1[3]), g2[3], rtol=1e-6, atol=1e-6)  # rule 10c: permuted, not equal
+    close(icfo_to_ifco(g1[3]), g2[3], rtol=1e-6, atol=1e-6)  # V2's gradient is V1's with the gate blocks permuted, not equal
     close(icfo_to_ifco(g1[4]), g2[4], rtol=1e-6, atol=1e-6)
     for a, b in zip(g1[:3], g2[:3]):
         close(a, b, rtol=1e-6, atol=1e-6)
@@ -884,7 +884,7 @@ def _lstm_cell_err_cases():
         (with_(3, z(I + C + 1, 4 * C, dtype=F64)), r"w.dim_size\(0\) != input_size \+ cell_size: 8 vs. 7"),
         (with_(3, z(I + C, 4 * C - 1, dtype=F64)), r"w.dim_size\(1\) != cell_size \* 4: 15 vs. 16"),
         (with_(7, z(4 * C + 1, dtype=F64)), r"b.dim_size\(0\) != cell_size \* 4: 17 vs. 16"),
-        (with_(5, z(C + 1, dtype=F64)), r"wcf.dim_size\(0\) != cell_size: 5 vs. 4"),  # rule 10g
+        (with_(5, z(C + 1, dtype=F64)), r"wcf.dim_size\(0\) != cell_size: 5 vs. 4"),  # peephole sizes are checked
         (with_(0, z(B, I, dtype=torch.float32)), r"wci must have the same dtype as x \(Float\), got Double"),
     ]
 
@@ -1143,7 +1143,7 @@ def test_cuda_parity_lstm(dtype, use_peephole):
     og = ops.lstm_block_cell(*cell(gpu), 1.0, 0.3, use_peephole)
     for a, b in zip(oc, og):
         close(a.float(), b.float().cpu(), rtol=tol, atol=tol)
-    # raw grad op on the device (peephole terms added once, rule 10f)
+    # raw grad op on the device (peephole terms added once)
     rc = ops.lstm_block_cell_grad(*[t.detach() for t in cell(cpu)], *[o.detach() for o in oc[:6]],
                                   oc[1].detach(), oc[6].detach(), use_peephole)
     rg = ops.lstm_block_cell_grad(*[t.detach() for t in cell(gpu)], *[o.detach() for o in og[:6]],

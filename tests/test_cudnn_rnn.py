@@ -1,4 +1,4 @@
-"""CudnnRNN ops (spec ../shared/specs/cudnn_rnn.md): params size and layout, converters, forward and
+"""CudnnRNN ops: params size and layout, converters, forward and
 backward against torch.nn.LSTM / GRU / RNN with mapped weights, variable lengths, skip_input, dropout,
 layouts, dtypes, every validation error, opcheck / torch.compile / TorchScript, CUDA parity (with a GPU)."""
 import pytest
@@ -30,7 +30,7 @@ def torch_module(mode, i, h, layers, bi, proj=0, dtype=torch.float64, seed=0):
 
 
 def params_of(m):
-    """The torchops params buffer of a torch RNN module (spec §6.4: gate orders coincide)."""
+    """The torchops params buffer of a torch RNN module (torch's and cuDNN's gate orders coincide)."""
     d = 2 if m.bidirectional else 1
     ws, bs = [], []
     for layer in range(m.num_layers):
@@ -178,7 +178,7 @@ def test_canonical_round_trip(mode, bi, dtype):
 
 
 def test_canonical_projection_shapes():
-    # spec §6.2 example: lstm, L = 2, bidirectional, H = 6, I = 10, P = 3
+    # the documented layout example: lstm, L = 2, bidirectional, H = 6, I = 10, P = 3
     params = torch.randn(1320, dtype=torch.float64)
     ws, bs = F.cudnn_rnn_params_to_canonical_v2(2, 6, 10, params, 36, 32, "lstm", direction="bidirectional",
                                                 num_proj=3)
@@ -525,7 +525,7 @@ def test_variable_length_gradients_match_each_sequence_alone(mode, bi):
     torch.testing.assert_close(p.grad, grads_of(m))
 
 
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("mode", [pytest.param(m, marks=pytest.mark.slow) if m in ("lstm", "gru") else m for m in MODES])
 @pytest.mark.parametrize("time_major", [True, False])
 def test_gradcheck_v3(mode, time_major):
     t, b, i, h, layers = 3, 2, 2, 3, 2
@@ -552,6 +552,7 @@ def test_gradcheck_v3(mode, time_major):
     assert torch.autograd.gradcheck(fn, (x, h0, c0, p))
 
 
+@pytest.mark.slow
 def test_gradcheck_projection_v3():
     t, b, i, h, pr = 3, 2, 2, 3, 2
     size = F.cudnn_rnn_params_size(2, h, i, direction="bidirectional", num_proj=pr).item()
@@ -709,6 +710,7 @@ def test_dropout_seeded_masks_are_reproducible():
     assert not torch.equal(d1, d2) and torch.equal(d1, d3)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", ["lstm", "gru"])
 def test_dropout_gradcheck_reuses_masks(mode):
     layers, h = 3, 3

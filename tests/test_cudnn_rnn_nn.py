@@ -1,7 +1,7 @@
 """torchops.nn.CudnnLSTM / CudnnGRU / CudnnRNNTanh / CudnnRNNRelu and their converters.
 
 References: torch.nn.LSTM / GRU / RNN with mapped weights (and torch's packed-sequence path for variable
-lengths), a plain-PyTorch cuDNN RNN written here from the spec's math (skip_input has no torch
+lengths), a plain-PyTorch cuDNN RNN written here from the documented math (skip_input has no torch
 equivalent), and Keras' LSTM / GRU equations written here."""
 import math
 
@@ -54,7 +54,7 @@ def grads_as_params(cls, ref, **kw):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# a plain-PyTorch cuDNN RNN from the spec (§5, §7.2), on canonical weights
+# a plain-PyTorch cuDNN RNN (cell equations, layers, directions), on canonical weights
 # ---------------------------------------------------------------------------------------------------------
 
 def ref_cell(mode, x, h, c, W, R, Pm, bW, bR, skip):
@@ -126,7 +126,7 @@ def ref_forward(m, x, h0, c0, lengths):
     (("gru", 1, 3, 3, "unidirectional", "linear_input", 0), 72),
 ])
 def test_params_size_table(cfg, size):
-    assert cudnn_params_size(*cfg) == size  # spec §6.3
+    assert cudnn_params_size(*cfg) == size  # the documented size formula
     mode, L, H, I, direction, input_mode, P = cfg
     if H * I < 50000:
         kw = {"num_proj": P} if mode == "lstm" else {}
@@ -135,7 +135,7 @@ def test_params_size_table(cfg, size):
 
 
 def test_canonical_shapes_spec_example():
-    # spec §6.2: lstm, L = 2, bidirectional, H = 6, I = 10, P = 3 -> 36 weights, 32 biases
+    # the documented layout example: lstm, L = 2, bidirectional, H = 6, I = 10, P = 3 -> 36 weights, 32 biases
     w, b = canonical_shapes("lstm", 2, 6, 10, "bidirectional", num_proj=3)
     assert len(w) == 36 and len(b) == 32
     assert w[:9] == [[6, 10]] * 4 + [[6, 3]] * 4 + [[3, 6]]

@@ -89,6 +89,7 @@ def _check_ok(proc, tmp_path, rnn):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)  # (a few seconds of work; minutes when the 2-core machine is shared)
 def test_demo_threads_short_run(tmp_path):
     proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--steps", "4", "--target", "0")
@@ -101,6 +102,7 @@ def test_demo_threads_short_run(tmp_path):
     assert "AOTInductor serving (req/s)" in out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_demo_processes_short_run(tmp_path):
     proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "3", "--processes", "--steps", "4", "--target", "0",
@@ -110,6 +112,7 @@ def test_demo_processes_short_run(tmp_path):
     assert "AOTInductor" not in out and not os.path.exists(tmp_path / "digits_block-lstm.pt2")
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_demo_fails_loudly_when_the_target_is_not_reached(tmp_path):
     proc = run_demo(tmp_path, "--rnn", "block-lstm", "--workers", "2", "--steps", "1", "--target", "1.0")

@@ -1,4 +1,4 @@
-"""FusedBatchNormV3 / FusedBatchNormGradV3 against the spec (shared/specs/fused_batch_norm.md): TF's own
+"""FusedBatchNormV3 / FusedBatchNormGradV3 against TF's semantics: TF's own
 test values, a float64 reference written here, gradients, errors, layouts, dtypes, opcheck, compile."""
 import pickle
 
@@ -49,7 +49,7 @@ def from_format(x, fmt):
 
 
 def ref_forward(x, scale, offset, mean, var, eps, eaf, fmt, training):
-    """Spec §5 in float64."""
+    """The forward (training and inference formulas) in float64."""
     cd = cdim(fmt, x.dim())
     dims = [d for d in range(x.dim()) if d != cd]
     s = bshape(fmt, x.dim())
@@ -70,7 +70,7 @@ def ref_forward(x, scale, offset, mean, var, eps, eaf, fmt, training):
 
 
 def ref_backward(dy, x, scale, mu, var, eps, fmt, training):
-    """Spec §6 in float64."""
+    """The gradient (training and freeze formulas) in float64."""
     cd = cdim(fmt, x.dim())
     dims = [d for d in range(x.dim()) if d != cd]
     s = bshape(fmt, x.dim())
@@ -99,7 +99,7 @@ def make_inputs(shape, fmt, dtype=torch.float32, device="cpu", seed=0, stats=Tru
     return x, scale, offset, mean, var
 
 
-# ---------------------------------------------------------------- TF C++ literal tests (spec §9.1)
+# ---------------------------------------------------------------- TF C++ literal tests
 
 X_LIT = [5.0, 5, 7, 7, 9, 9, 11, 11, 13, 13, 15, 15]
 Y_LIT = [-3.86, -3.86, -1.51, -1.51, 0.83, 0.83, 3.17, 3.17, 5.51, 5.51, 7.86, 7.86]
@@ -158,7 +158,7 @@ def test_tf_literal_grad_simple(device):
     assert rs4.shape == rs5.shape == (0,)
 
 
-# ---------------------------------------------------------------- TF Python tests (spec §9.2)
+# ---------------------------------------------------------------- TF Python tests
 
 TF_SHAPES = [[1, 1, 6, 1], [1, 1, 6, 2], [1, 2, 1, 6], [27, 131, 127, 6], [0, 131, 127, 6], [1, 1, 1, 1],
              [1, 2, 6, 1, 3]]
@@ -211,7 +211,7 @@ def test_tf_training_shapes(device, dtype, shape, eaf):
             old_mean = old_var = torch.empty(0, dtype=udtype(dtype), device=device)
         y, bm, bv, rs1, rs2, rs3 = fbn(x, scale, offset, old_mean, old_var, 0.001, eaf, fmt, True)
         assert y.shape == x.shape and bm.dtype == udtype(dtype)
-        if x.numel() == 0:  # torchops rule 3: NaN only for eaf == 1; otherwise old statistics pass through
+        if x.numel() == 0:  # empty input: NaN only for eaf == 1; otherwise old statistics pass through
             if eaf == 1.0:
                 assert torch.isnan(bm).all() and torch.isnan(bv).all()
             else:
@@ -259,7 +259,7 @@ def test_forward_backward_match_reference(device, fmt, shape, training):
 
 @pytest.mark.parametrize("fmt", FORMATS_4D)
 def test_grad_uses_given_statistics_exactly(fmt):
-    # §6.1: arbitrary mu/var inputs give TF's formula (mean(dy*xc), not mean((dy-mean(dy))*xc)).
+    # arbitrary mu/var inputs give TF's formula (mean(dy*xc), not mean((dy-mean(dy))*xc)).
     x, scale, _, mu, var = make_inputs((3, 4, 5, 6), fmt, torch.float64, seed=11)
     dy = torch.randn_like(x)
     got = fbn_grad(dy, x, scale, mu, var, torch.empty(0, dtype=torch.float64), 1e-3, fmt, True)
@@ -540,7 +540,7 @@ def test_non_contiguous_inputs(device):
             torch.testing.assert_close(a.cpu(), b, atol=1e-10, rtol=1e-10)
 
 
-# ---------------------------------------------------------------- decisions (spec §1, §9.3)
+# ---------------------------------------------------------------- decisions
 
 # FusedBatchNormV3 inference y of TensorFlow 2.21.0 (x86-64 CPU wheel, Intel CPU) on the inputs drawn below,
 # NHWC: C = 16 (TF's AVX packet path for the scaling factor) then C = 11 (8 packet channels + 3 scalar ones),
@@ -801,7 +801,7 @@ def test_grad_op_inference_gradcheck_directly(fmt):
 
 @pytest.mark.parametrize("fmt", ["NHWC", "NCDHW"])
 def test_grad_op_training_second_order_uses_recomputed_statistics(fmt):
-    # §7.2: bogus reserve spaces give the same second-order gradients as the true batch statistics.
+    # bogus reserve spaces give the same second-order gradients as the true batch statistics.
     shape = (2, 3, 2, 3) if len(fmt) == 4 else (2, 3, 2, 1, 2)
     x, scale, _, mean, var = make_inputs(shape, fmt, torch.float64, seed=3)
     _, _, _, rs1, rs2, rs3 = fbn(x, scale, scale, mean, var, 1e-3, 1.0, fmt, True)
@@ -818,7 +818,7 @@ def test_grad_op_training_second_order_uses_recomputed_statistics(fmt):
 
 
 def _tf_batch_norm_grad_composite(dy, x, scale, eps, fmt):
-    """TF's `_BatchNormGrad` (spec §7.2) in autograd-able torch ops."""
+    """TF's `_BatchNormGrad` in autograd-able torch ops."""
     cd = cdim(fmt, x.dim())
     dims = [d for d in range(x.dim()) if d != cd]
     s = bshape(fmt, x.dim())
@@ -913,7 +913,7 @@ def test_undefined_output_gradient_is_zero():
     assert torch.equal(ins[0].grad, torch.zeros_like(ins[0]))
 
 
-# ---------------------------------------------------------------- validation (spec §4, TF's key phrases)
+# ---------------------------------------------------------------- validation (TF's key phrases)
 
 def _ok_inputs():
     return make_inputs((2, 2, 2, 2), "NHWC")

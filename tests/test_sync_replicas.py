@@ -100,6 +100,7 @@ def test_invalid_arguments():
         SyncReplicasOptimizer(torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1), 0)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_processes_fixed_schedule_equals_single_process():
     shards = H.make_shards(3)
@@ -110,6 +111,7 @@ def test_processes_fixed_schedule_equals_single_process():
     assert r.worker_exitcodes == [0, 0, 0]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_processes_worker_killed_midrun_completes_with_stale():
     shards = H.make_shards(3)
@@ -125,6 +127,7 @@ def test_processes_worker_killed_midrun_completes_with_stale():
 
 
 @pytest.mark.cuda
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_processes_cuda_model_equals_single_process():
     # models on the GPU in every process: parameters and gradients cross the RPC as CPU tensors

@@ -1,4 +1,4 @@
-// ConditionalAccumulator / SparseConditionalAccumulator (spec: shared/specs/conditional_accumulator.md).
+// ConditionalAccumulator / SparseConditionalAccumulator.
 //
 // A resource ("core") holds the state of one accumulator under one mutex + condition variable: the
 // counter of gradients accepted since the last take, the global step, the accumulated value, the FIFO

@@ -1,4 +1,4 @@
-// The accumulator state machines (spec §3-§8): counter, global step, FIFO takes, staleness, close.
+// The accumulator state machines: counter, global step, FIFO takes, staleness, close.
 #include "accumulator/accumulator.h"
 
 #include <ATen/ops/_unique2.h>
@@ -233,7 +233,7 @@ void SparseCore::apply(int64_t local_step, const at::Tensor& indices_in, const a
     flush_locked();
     return;
   }
-  // Validation in TF's order and with TF's messages (spec §8.1).
+  // Validation in TF's order and with TF's messages.
   TORCH_CHECK_VALUE(indices_in.dim() == 1, "Input indices should be vector but received shape: ", indices_in.sizes());
   TORCH_CHECK_VALUE(values.dim() > 0, "Values cannot be 0-dimensional.");
   const int64_t nnz = indices_in.size(0);
@@ -275,7 +275,7 @@ void SparseCore::apply(int64_t local_step, const at::Tensor& indices_in, const a
                         i, " to be ", shape.dims[i], ", got ", values.size(i));
     }
   }
-  // Accumulate (rule 29): duplicates within the gradient are summed and count once; index order is free.
+  // Accumulate: duplicates within the gradient are summed and count once; index order is free.
   const at::Tensor idx = indices_in.device() == values.device() ? indices_in : indices_in.to(values.device());
   const at::Tensor vals = values.to(opmath(dtype));
   std::vector<int64_t> row_shape(values.sizes().begin(), values.sizes().end());

@@ -1,4 +1,4 @@
-// Process-wide registry of the accumulators, keyed by (container, shared_name) (spec §4), plus a weak
+// Process-wide registry of the accumulators, keyed by (container, shared_name), plus a weak
 // list of every live accumulator so that close_all() (and library unload) reaches private ones too.
 #include "accumulator/accumulator.h"
 

@@ -1,5 +1,5 @@
 // Autograd of Batch (backward = Unbatch of the incoming gradient, with grad_timeout_micros) and of
-// Unbatch (backward = UnbatchGrad), spec §7. Registered at the Autograd key so that every invocation
+// Unbatch (backward = UnbatchGrad). Registered at the Autograd key so that every invocation
 // runs its own backward on its own thread, in eager, TorchScript and libtorch alike. UnbatchGrad is
 // not differentiable (double backward through the batching ops is a clear error).
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -102,7 +102,7 @@ class BatchFunction : public torch::autograd::Function<BatchFunction> {
       const auto dtype = static_cast<c10::ScalarType>(ctx->saved_data["dtype" + std::to_string(i)].toInt());
       return at::zeros_symint(shape, at::TensorOptions().dtype(dtype));
     };
-    if (empty) {  // spec §7: the empty-input path touches no resource
+    if (empty) {  // the empty-input path touches no resource
       for (int64_t i = 0; i < k; ++i) result[i] = zeros(i);
       return result;
     }
@@ -149,7 +149,7 @@ class UnbatchFunction : public torch::autograd::Function<UnbatchFunction> {
     if (TORCH_GUARD_OR_FALSE(batched.sym_numel().sym_eq(0))) {
       r = at::zeros_symint(batched.sym_sizes(), batched.options());
     } else {
-      // UnbatchGrad returns the N unpadded rows; padding rows get zero gradient (spec §7). Written with
+      // UnbatchGrad returns the N unpadded rows; padding rows get zero gradient. Written with
       // SymInts and no comparison so that tracing (fake tensors, data-dependent N) needs no guard.
       std::vector<c10::SymInt> pad_shape(batched.sym_sizes().begin(), batched.sym_sizes().end());
       pad_shape[0] = batched.sym_size(0) - r.sym_size(0);

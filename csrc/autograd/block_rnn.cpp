@@ -1,10 +1,10 @@
 // Autograd of the GRU / LSTM block ops, registered at the Autograd key (eager, TorchScript, libtorch).
 //
 // * gru_block_cell: backward = _gru_block_cell_backward, which takes the gradients arriving at all
-//   four outputs r, u, c, h (spec rule 9 / §3.6; gru_block_cell_grad keeps TF's d_h-only signature).
-// * lstm_block_cell: backward = _lstm_block_cell_backward (gradients of all seven outputs, §4.7).
+//   four outputs r, u, c, h (gru_block_cell_grad keeps TF's d_h-only signature).
+// * lstm_block_cell: backward = _lstm_block_cell_backward (gradients of all seven outputs).
 // * block_lstm / block_lstm_v2: backward = block_lstm_grad / block_lstm_grad_v2 (the V2 op has the
-//   correct IFCO gradient, rule 10c) when only cs and h receive gradients; _block_lstm_backward when
+//   correct IFCO gradient) when only cs and h receive gradients; _block_lstm_backward when
 //   gate outputs do too.
 // * block_gru: backward = block_gru_grad.
 // Double backward is not supported (TF has none): the grad ops are registered with PyTorch's

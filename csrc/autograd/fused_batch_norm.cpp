@@ -1,5 +1,5 @@
 // Autograd of FusedBatchNormV3 (backward = FusedBatchNormGradV3) and of FusedBatchNormGradV3 (TF's
-// second-order formulas, spec §7.2), registered at the Autograd key so that eager, TorchScript and
+// second-order formulas), registered at the Autograd key so that eager, TorchScript and
 // libtorch all differentiate through the ops without Python.
 #include "fused_batch_norm.h"
 
@@ -50,7 +50,7 @@ class FusedBatchNormV3Function : public torch::autograd::Function<FusedBatchNorm
     ctx->saved_data["data_format"] = std::string(data_format);
     ctx->saved_data["is_training"] = is_training;
     // Training differentiates with the batch statistics (reserve spaces); inference with the
-    // population statistics given as inputs (spec §7.1).
+    // population statistics given as inputs.
     if (is_training) {
       ctx->save_for_backward({x, scale, rs1, rs2, rs3});
     } else {
@@ -78,7 +78,7 @@ std::vector<int64_t> channel_shape(const at::Tensor& x, int64_t cdim) {
   return s;
 }
 
-// TF's composite definition of FusedBatchNormGradV3 (spec §7.2), built from differentiable ATen ops.
+// TF's composite definition of FusedBatchNormGradV3, built from differentiable ATen ops.
 // In training the statistics are recomputed from x; in inference rs1/rs2 are constants. It runs in
 // float64 whatever the input dtype: its derivative divides by (var + eps)^(3/2) and float32 rounding
 // of the centred data is amplified by it (second order is rarely hot, so accuracy wins).

@@ -1,4 +1,4 @@
-// The shared batch scheduler behind torchops::batch (spec §3, §4).
+// The shared batch scheduler behind torchops::batch.
 #include "batching/batching.h"
 
 #include <ATen/EmptyTensor.h>

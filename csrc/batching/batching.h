@@ -1,4 +1,4 @@
-// Stateful resources behind Batch / Unbatch / UnbatchGrad (spec: shared/specs/batching.md).
+// Stateful resources behind Batch / Unbatch / UnbatchGrad.
 //
 //  * BatchResource: a shared batch scheduler. `num_batch_threads` worker threads serve one queue per
 //    `batching_queue` name (round-robin). A queue is a deque of batches whose back is the open one;
@@ -52,7 +52,7 @@ struct BatchOptions {
   std::vector<int64_t> allowed_batch_sizes;
 };
 
-// Validates the attributes (TF's messages, spec §4.1). Throws c10::Error / c10::ValueError.
+// Validates the attributes (TF's messages). Throws c10::Error / c10::ValueError.
 void validate_options(const BatchOptions& o);
 
 // The result one Batch invocation receives.
@@ -62,7 +62,7 @@ struct BatchOutput {
   int64_t id = 0;
 };
 
-// Per-queue statistics (spec §9). Guarded by the owning resource's mutex.
+// Per-queue statistics. Guarded by the owning resource's mutex.
 struct QueueStats {
   int64_t tasks = 0;
   int64_t batches_formed = 0;
@@ -172,7 +172,7 @@ class UnbatchGradResource {
   std::unordered_map<int64_t, int64_t> missing_to_holder_;
 };
 
-// Process-wide registries. get_or_create_* check rule 20 (attributes fixed by the creator).
+// Process-wide registries. get_or_create_* check that the attributes match the creator's.
 std::shared_ptr<BatchResource> get_or_create_batch(c10::string_view container, c10::string_view shared_name,
                                                    const BatchOptions& o);
 std::shared_ptr<UnbatchResource> get_or_create_unbatch(c10::string_view container, c10::string_view shared_name,

@@ -1,4 +1,4 @@
-// The resources behind torchops::unbatch (spec §5) and torchops::unbatch_grad (spec §6).
+// The resources behind torchops::unbatch and torchops::unbatch_grad.
 #include "batching/batching.h"
 
 #include <ATen/core/LegacyTypeDispatch.h>

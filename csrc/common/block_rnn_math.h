@@ -108,7 +108,7 @@ C10_HOST_DEVICE inline U clip_value(U v, U cell_clip) {
 }
 
 // ---------------------------------------------------------------------------------------------------
-// GRU (spec §3). ru_bar = [x, h_prev] @ w_ru + b_ru; r = first half, u = second half.
+// GRU. ru_bar = [x, h_prev] @ w_ru + b_ru; r = first half, u = second half.
 // ---------------------------------------------------------------------------------------------------
 template <typename U>
 struct GruGates {
@@ -137,7 +137,7 @@ C10_HOST_DEVICE inline GruOutput<U> gru_output(U c_bar, U u, U h_prev) {
   return o;
 }
 
-// First half of the cell backward (spec §3.6): gradients of the pre-activations c_bar and u_bar.
+// First half of the cell backward: gradients of the pre-activations c_bar and u_bar.
 // dh = gradient arriving at h; g_u / g_c = gradients arriving at the u / c outputs (0 if none).
 template <typename U>
 struct GruBwdA {
@@ -169,7 +169,7 @@ C10_HOST_DEVICE inline GruBwdB<U> gru_backward_b(U d_hr, U g_r, U dh, U r, U u, 
 }
 
 // ---------------------------------------------------------------------------------------------------
-// LSTM (spec §4). Gate column blocks of w / b / gate gradients: ICFO (V1) or IFCO (V2).
+// LSTM. Gate column blocks of w / b / gate gradients: ICFO (V1) or IFCO (V2).
 // ---------------------------------------------------------------------------------------------------
 struct GateOffsets {
   int64_t i, ci, f, o;
@@ -189,7 +189,7 @@ struct LstmForward {
   U i, cs, f, o, ci, co, h;
 };
 
-// One element of LSTMBlockCell (spec §4.2), in TF's order of operations.
+// One element of LSTMBlockCell, in TF's order of operations.
 template <typename U>
 C10_HOST_DEVICE inline LstmForward<U> lstm_forward(U g_i, U g_ci, U g_f, U g_o, U cs_prev, U wci, U wcf, U wco,
                                                    U forget_bias, U cell_clip, bool use_peephole) {
@@ -212,9 +212,9 @@ struct LstmBackward {
   U di, dci, df, do_, cs_prev_grad;
 };
 
-// One element of the LSTM cell backward (spec §4.4, extended by §4.7 with the gradients g_* arriving
+// One element of the LSTM cell backward (extended with the gradients g_* arriving
 // at the gate outputs; gates = false: all g_* = 0, TF's LSTMBlockCellGrad). dh / dcs_in: total gradient
-// arriving at h and cs. Straight-through cell clip (rule 10d); peephole terms added once (rule 10f).
+// arriving at h and cs. Straight-through cell clip; peephole terms added once.
 // Every term is formed in TF's order of operations (BlockLSTMBprop in TF's lstm_ops.h) and the g_*
 // terms are added after TF's, so that without them the results are TF's bit for bit.
 template <typename U>

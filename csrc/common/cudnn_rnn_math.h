@@ -1,4 +1,4 @@
-// Scalar math of the CudnnRNN ops (spec §5, §9), shared by the CPU and CUDA kernels. U is the compute
+// Scalar math of the CudnnRNN ops, shared by the CPU and CUDA kernels. U is the compute
 // type: float (also for float16 / bfloat16 data, which the ops compute in float32) or double. The
 // transcendentals are the block RNN family's (common/block_rnn_math.h): branch-free on the CPU so the
 // gate loops vectorize, the CUDA math library on the device.

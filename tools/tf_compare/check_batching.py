@@ -2,15 +2,15 @@
 torch.ops.torchops.batch / unbatch / unbatch_grad (same threads, start delays, arguments; references to earlier
 outputs resolve to torchops' own outputs) and compares every step with TF's recorded outcome.
 
-Per step (spec shared/specs/batching.md):
+Per step:
 * both return: same number of outputs, dtypes and shapes; values bit-exact (these ops only move data; bfloat16
   compared as its bits). `id` values are random on both sides: only dtype / shape are compared; a Batch
   `batch_index` is compared after mapping TF's ids to torchops' (the ids returned by the scenario's Batch calls),
   its start / end columns exactly.
 * both raise: message-only difference (c); the two messages are printed side by side (wording need not match).
 * one raises (or stays blocked past the scenario's join timeout, "hung") and the other does not, or values differ:
-  a mismatch (a), unless the generator tagged the step with a difference the spec declares deliberate (b), e.g.
-  rule 20 (attribute mismatch on a shared resource raises), rule 21 (batch-forming errors reach every task; TF
+  a mismatch (a), unless the generator tagged the step with a difference docs/batching.md declares deliberate (b), e.g.
+  (attribute mismatch on a shared resource raises), (batch-forming errors reach every task; TF
   leaves the others blocked), rank-1 batch_index in Unbatch (TF crashes), negative max_enqueued_batches / split
   sizes. Scenarios whose TF process aborted are listed with torchops' outcome.
 Exit status 1 if any (a) was found.
@@ -246,7 +246,7 @@ def main():
     for e in found["b"]:
         groups.setdefault(e[3], []).append(e)
     if groups:
-        print("\n== (b) differences the spec declares deliberate (%d)" % len(found["b"]))
+        print("\n== (b) differences docs/batching.md declares deliberate (%d)" % len(found["b"]))
         for note, items in groups.items():
             where, call, lines, _ = items[0]
             print("* [%s] x%d, e.g. %s\n    %s" % (note, len(items), where, call))

@@ -2,19 +2,19 @@
 torchops and compares with TF's outputs. Prints, per op / output / dtype, the max abs error, the max rel error
 and the worst error as a fraction of the tolerance; exits 1 if any exceeds it.
 
-What is compared (spec shared/specs/block_rnn_cells.md §1 and §6 = deliberate differences):
+What is compared (deliberate differences: docs/block_rnn.md):
 * forward ops: every output, except that for BlockLSTM(V2) at t >= seq_len_max only cs and h are compared
-  (TF leaves i, f, o, ci, co uninitialised there; torchops writes zeros, rule 10e).
+  (TF leaves i, f, o, ci, co uninitialised there; torchops writes zeros).
 * gradient ops: fed TF's own forward outputs (and the same random upstream gradients) on both sides; every
-  output compared. These are the raw TF kernels (CPU), so the V2 autodiff bug (§4.8) and the GPU
-  double-peephole bug (rule 10f) are not involved.
-* tolerance: float32 rtol = atol = 1e-5; float16 TF's own test tolerance (spec §5.2: rtol 8e-3, atol 8e-4).
+  output compared. These are the raw TF kernels (CPU), so the V2 autodiff bug and the GPU
+  double-peephole bug are not involved.
+* tolerance: float32 rtol = atol = 1e-5; float16 TF's own test tolerance (rtol 8e-3, atol 8e-4).
   An element is within tolerance if |got - ref| <= rtol * |ref| + atol * max(1, max|ref| of that output) (the
   atol term scales with the output's magnitude because gradient sums such as w_grad cancel). "err/tol" is the
   worst |got - tf| / that bound over all cases.
 * rounding: with saturating inputs the GEMMs are ill-conditioned (pre-activations are sums of large terms
   that cancel), and TF's kernels round differently from torchops' (Eigen vs MKL summation order; TF's float16
-  kernels accumulate the GEMM and round every element-wise op in half, torchops computes in float32, spec §2).
+  kernels accumulate the GEMM and round every element-wise op in half, torchops computes in float32).
   TF's own answer can then be farther than the tolerance from the exact one. The checker therefore also
   computes the exact answer for the same inputs (the torchops op in float64; columns "tf vs f64" and
   "ours vs f64", in the same tolerance units) and an output passes if err/tol <= 1, or torchops' worst error

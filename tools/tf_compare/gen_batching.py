@@ -285,7 +285,7 @@ def k_threads(b, rng, padded):
 
 def k_form_error(b, rng):
     """Two calls of one batch whose inputs cannot be concatenated (trailing dims or number of inputs differ).
-    TF fails the last task only and leaves the first blocked (spec rule 21: torchops fails both)."""
+    TF fails the last task only and leaves the first blocked (torchops fails both)."""
     rows = [int(rng.integers(1, 3)), int(rng.integers(1, 3))]
     dt = rand_dtype(rng)
     tr = (int(rng.integers(1, 4)),)
@@ -301,13 +301,13 @@ def k_form_error(b, rng):
     attrs = batch_args(b, rng, sum(rows), BIG_TIMEOUT, allowed=[], max_enqueued_batches=10)
     b.delays = {"0": 0.0, "1": 0.12}
     b.join_s = 2.0
-    b.step("first", "batch", thread=0, deliberate="rule 21 (batch-forming errors reach every task; TF: others hang)",
+    b.step("first", "batch", thread=0, deliberate="batch-forming errors reach every task (TF: others hang)",
            in_tensors=first, **attrs)
     b.step("last", "batch", thread=1, expect="batch-forming error", in_tensors=second, **attrs)
 
 
 def k_attr_mismatch(b, rng):
-    """A second call under the same shared_name with different attributes (rule 20: torchops raises; TF silently
+    """A second call under the same shared_name with different attributes (torchops raises; TF silently
     uses the first creator's)."""
     which = str(rng.choice(["max_batch_size", "batch_timeout_micros", "allowed_batch_sizes", "num_batch_threads",
                             "max_enqueued_batches", "grad_timeout_micros", "unbatch_timeout_micros"]))
@@ -316,7 +316,7 @@ def k_attr_mismatch(b, rng):
     if which == "unbatch_timeout_micros":
         for k, t in enumerate([UNBATCH_TIMEOUT, UNBATCH_TIMEOUT + 1000]):
             i = rand_ids(rng, 1)[0]
-            b.step("unbatch%d" % k, "unbatch", deliberate="rule 20 (attribute mismatch on a shared resource)"
+            b.step("unbatch%d" % k, "unbatch", deliberate="attribute mismatch on a shared resource"
                    if k else "", batched_tensor=b.arr(rand_array(rng, dt, (2,) + tr), dt),
                    batch_index=b.arr(np.array([[i, 0, 2]], np.int64), "int64"),
                    id=b.arr(np.array(i, np.int64), "int64"), timeout_micros=t, container="",
@@ -329,7 +329,7 @@ def k_attr_mismatch(b, rng):
                  "num_batch_threads": 2, "max_enqueued_batches": 3, "grad_timeout_micros": 1000}[which]
     for k, a in enumerate([a1, a2]):
         ins, _ = rand_inputs(b, rng, int(rng.integers(1, 4)), specs=[(dt, tr)])
-        b.step("batch%d" % k, "batch", deliberate="rule 20 (attribute mismatch on a shared resource)" if k else "",
+        b.step("batch%d" % k, "batch", deliberate="attribute mismatch on a shared resource" if k else "",
                in_tensors=ins, **a)
 
 
@@ -413,12 +413,12 @@ def e_batch(b, rng, sub):
         kw["max_batch_size"] = int(rng.choice([0, -2]))
         kw["allowed_batch_sizes"] = []
         if kw["max_batch_size"] < 0:
-            deliberate = "spec §4.1 (max_batch_size < 1 rejected; TF 2.21 rejects only 0)"
+            deliberate = "batch attributes (max_batch_size < 1 rejected; TF 2.21 rejects only 0)"
     elif sub == "batch_timeout_negative":
         kw["batch_timeout_micros"] = -int(rng.integers(1, 1000))
     elif sub == "empty_input_invalid_max_or_timeout":
         rows = 0
-        deliberate = ("spec §4.1 (attributes validated on every call, empty inputs included; TF returns "
+        deliberate = ("batch attributes (attributes validated on every call, empty inputs included; TF returns "
                       "before checking them)")
         if rng.random() < 0.5:
             kw["max_batch_size"], kw["allowed_batch_sizes"] = int(rng.choice([0, -2])), []
@@ -428,7 +428,7 @@ def e_batch(b, rng, sub):
         kw["max_enqueued_batches"] = 0
     elif sub == "max_enqueued_batches_negative":
         kw["max_enqueued_batches"] = -int(rng.integers(1, 5))
-        deliberate = "spec §4.1 / §12 (negative max_enqueued_batches: TF unchecked, torchops rejects)"
+        deliberate = "batch attributes (negative max_enqueued_batches: TF unchecked, torchops rejects)"
     if ins is None:
         ins, _ = rand_inputs(b, rng, rows, specs=[(dt, tr)] * int(rng.integers(1, 3)))
     b.step("batch", "batch", deliberate=deliberate, expect=expect, in_tensors=ins,
@@ -458,7 +458,7 @@ def e_unbatch(b, rng, sub):
         me = rng.integers(0, 3, (3, 3, 1)).astype(np.int64)
     elif sub == "index_rank3_scalar_id":           # [K,3,1]: TF reads it as [K,3]
         idx = idx.reshape(K, 3, 1)
-        deliberate = "spec §5.1 (torchops may reject a batch_index of rank != 2 after the id check)"
+        deliberate = "unbatch validation (torchops may reject a batch_index of rank != 2 after the id check)"
     elif sub == "split_sizes_exceed_dim0":
         idx = index_rows(rng, ids[:K], sizes + 1)
         idx[-1, 2] += D                              # make the sum certainly exceed dim 0
@@ -538,16 +538,16 @@ def k_isolated(b, rng, which):
     b.isolate, b.sub, b.join_s = True, which, 4.0
     dt, tr = rand_dtype(rng), rand_trailing(rng)
     u = dict(container="", shared_name=b.name("u"))
-    if which == "unbatch_rank1_index_from_empty_batch":   # §4.2 outputs fed to Unbatch
+    if which == "unbatch_rank1_index_from_empty_batch":   # empty-input Batch outputs fed to Unbatch
         b.step("batch", "batch", in_tensors=[b.arr(rand_array(rng, dt, (0,) + tr), dt)],
                **batch_args(b, rng, 4, 0, allowed=[]))
-        b.step("unbatch", "unbatch", deliberate="spec §5.1 / §12 (rank-1 batch_index: TF crashes, torchops errors)",
+        b.step("unbatch", "unbatch", deliberate="unbatch validation (rank-1 batch_index: TF crashes, torchops errors)",
                batched_tensor=ref("batch", "batched", 0), batch_index=ref("batch", "index"), id=ref("batch", "id"),
                timeout_micros=0, **u)
     elif which == "unbatch_negative_split_size":
         ids = rand_ids(rng, 2)
         b.step("unbatch", "unbatch",
-               deliberate="spec §5.2 / §12 (negative split sizes: TF unchecked, torchops errors)",
+               deliberate="unbatch split (negative split sizes: TF unchecked, torchops errors)",
                batched_tensor=b.arr(rand_array(rng, dt, (4,) + tr), dt),
                batch_index=b.arr(np.array([[ids[0], 0, 3], [ids[1], 3, 2]], np.int64), "int64"),
                id=b.arr(np.array(ids[0], np.int64), "int64"), timeout_micros=UNBATCH_TIMEOUT, **u)
@@ -566,9 +566,9 @@ def k_isolated(b, rng, which):
         dts = ["float32", "int32"] if rng.random() < 0.5 else ["float64", "float32"]
         attrs = batch_args(b, rng, 2, BIG_TIMEOUT, allowed=[], max_enqueued_batches=10)
         b.delays = {"0": 0.0, "1": 0.12}
-        b.step("first", "batch", thread=0, deliberate="rule 21 (batch-forming errors reach every task)",
+        b.step("first", "batch", thread=0, deliberate="batch-forming errors reach every task",
                in_tensors=[b.arr(rand_array(rng, dts[0], (1, 2)), dts[0])], **attrs)
-        b.step("last", "batch", thread=1, deliberate="spec §4.7 (torchops also covers dtype mismatches)",
+        b.step("last", "batch", thread=1, deliberate="batch inputs (torchops also covers dtype mismatches)",
                in_tensors=[b.arr(rand_array(rng, dts[1], (1, 2)), dts[1])], **attrs)
 
 
@@ -774,7 +774,7 @@ def worker(outdir, cases, seed, idxs):
         b = draw(i, kinds[i], seed)
         save_case(os.path.join(outdir, "case_%05d.npz" % i), b, run_scenario(b.to_json(), b.arrays, backend))
     sys.stdout.flush()
-    os._exit(0)   # TF threads left blocked on purpose (rule 21 scenarios) must not hold the process
+    os._exit(0)   # TF threads left blocked on purpose (batch-forming error scenarios) must not hold the process
 
 
 def main():

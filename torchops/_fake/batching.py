@@ -34,7 +34,7 @@ def _batch(in_tensors, num_batch_threads, max_batch_size, batch_timeout_micros, 
         torch._check(t.shape[0] == in_tensors[0].shape[0], lambda: (
             "Batching input tensors supplied in a given op invocation must have equal 0th-dimension size."))
     first = in_tensors[0]
-    if first.shape[0] == 0:  # spec §4.2: every output is a 1-D [0] tensor
+    if first.shape[0] == 0:  # empty input: every output is a 1-D [0] tensor
         return ([t.new_empty((0,)) for t in in_tensors], first.new_empty((0,), dtype=torch.int64),
                 first.new_empty((0,), dtype=torch.int64))
     ctx = torch.library.get_ctx()

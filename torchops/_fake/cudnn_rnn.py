@@ -24,7 +24,7 @@ def _skip(input_mode, i, h):
 
 
 def layout(g, skip, num_layers, d, h, i, p):
-    """(weight shapes, bias shapes, size) of the params buffer (spec §6.2)."""
+    """(weight shapes, bias shapes, size) of the params buffer."""
     o = p if p > 0 else h
     ws, bs = [], []
     for pl in range(num_layers * d):

@@ -112,7 +112,7 @@ class BlockLSTM(torch.autograd.Function):
 class BlockLSTMV2(torch.autograd.Function):
     """`BlockLSTMV2.apply(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_clip=0.0,
     use_peephole=False)` -> (i, cs, f, o, ci, co, h); backward = block_lstm_grad_v2 (IFCO; TF wires
-    the V1 kernel here, which is wrong, spec §4.8)."""
+    the V1 kernel here, which is wrong)."""
 
     @staticmethod
     def forward(ctx, seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_clip=0.0, use_peephole=False):

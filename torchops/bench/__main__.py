@@ -2,6 +2,26 @@
 
 Times each torchops op against the best PyTorch-native equivalent, side by side in one process, and
 prints medians and the ratio torchops/native (below 1 = torchops faster). One module per family.
+`python -m torchops.bench --markdown FILE.json [...]` prints a saved run as Markdown tables (docs/benchmarks.md).
+
+Columns:
+  torchops_ms, native_ms   median time per call of each side (us columns likewise, in microseconds)
+  ratio                    torchops_ms / native_ms
+  ratio_min/med/max        spread of the per-round ratio; each round times both sides back to back, so a
+                           swing of the machine between rounds cancels out in ratio_med but not in ratio
+  *_GB/s                   bytes the case must move (inputs read, outputs written) per second
+  *_faults                 minor page faults per call (a large output faulted in again on every call)
+--repeat N runs the whole comparison N times, each in a fresh process, and prints per case the median and the
+worst of ratio and ratio_med (one run's median hides how much runs differ on a noisy machine).
+FusedBatchNorm's inference rows also time, in the same rounds:
+  clone_ms, clone/native   x.clone(): the least memory traffic any inference pass must have
+  torchops/clone           the op against that floor
+  aten_mul/clone           ATen's x * 2, a computing pass with the same traffic
+  clone_again/clone        x.clone() a second time: the benchmark's own noise
+  ops_clone/clone          torch.ops.aten.clone(x): the copy through the torch.ops calling path the op uses
+  *_y_blocks               heap blocks the op's and clone's output rotate over (shared_y_blocks: in common)
+Other families print their own columns (throughput, latency percentiles, speedups); each family module's
+docstring says what it measures.
 """
 import argparse
 import json
@@ -19,6 +39,7 @@ from . import batching, block_rnn, fused_batch_norm
 from . import cudnn_rnn
 from . import accumulator
 from . import cudnn_rnn_nn
+from . import markdown
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
@@ -32,7 +53,8 @@ FAMILIES = {
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m torchops.bench", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m torchops.bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--filter", default="", help=f"a family name runs that family; otherwise families whose name contains this ({', '.join(FAMILIES)})")
     p.add_argument("--json", default=None, help="write all results to this JSON file")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -40,7 +62,11 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole comparison N times, each in a fresh process, then print the median and the "
                         "worst ratio per case")
+    p.add_argument("--markdown", nargs="+", metavar="FILE.json", default=None,
+                   help="print these saved --json results as Markdown tables and exit (runs nothing)")
     args = p.parse_args(argv)
+    if args.markdown:
+        return markdown.main(args.markdown)
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
     # An exact family name runs that family alone (`rnn` is the block RNN family, not every RNN family).
@@ -57,7 +83,8 @@ def main(argv=None) -> int:
         results[key] = module.run(args)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"torch": torch.__version__, "device": args.device, "results": results}, f, indent=1)
+            json.dump({**markdown.run_metadata(args.device), "command": _command(args), "results": results}, f,
+                      indent=1)
     return 0
 
 
@@ -67,6 +94,13 @@ def main(argv=None) -> int:
 REPEATED = {"ratio": "ratio", "ratio_med": "ratio_med", "torchops/clone": "torchops/clone",
             "aten_mul/clone": "aten_mul/clone", "clone_again/clone": "clone_again/clone",
             "ops_clone/clone": "ops_clone/clone"}
+
+
+def _command(args) -> str:
+    """The command line that reproduces this run (recorded in the JSON file)."""
+    parts = ["python -m torchops.bench"] + ([f"--filter {args.filter}"] if args.filter else [])
+    parts += [f"--device {args.device}"] + (["--quick"] if args.quick else [])
+    return " ".join(parts + ([f"--repeat {args.repeat}"] if args.repeat > 1 else []))
 
 
 def _repeat(args) -> int:
@@ -98,9 +132,10 @@ def _repeat(args) -> int:
         print(f"{case.ljust(width)}  {name.ljust(14)}  {statistics.median(values):<6.3f}  {max(values):<6.3f}  {runs}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"repeat": args.repeat, "cases": [
-                {"family": fam, "case": c, "value": n, "median": statistics.median(v), "worst": max(v), "runs": v}
-                for (fam, c, n), v in per_case.items()]}, f, indent=1)
+            cases = [{"family": fam, "case": c, "value": n, "median": statistics.median(v), "worst": max(v),
+                      "runs": v} for (fam, c, n), v in per_case.items()]
+            json.dump({**markdown.run_metadata(args.device), "command": _command(args), "repeat": args.repeat,
+                       "cases": cases}, f, indent=1)
     return 0
 
 

@@ -35,7 +35,7 @@ def median_seconds(fn: Callable[[], object], device: torch.device, min_time: flo
 def faults_per_call(fn: Callable[[], object], device: torch.device, calls: int = 10) -> Optional[float]:
     """Minor page faults per call of fn() (getrusage; None where unavailable). A fresh large output whose
     pages the allocator gave back to the OS faults in again on every call: on a VM each fault costs
-    microseconds, so a few thousand per call can double a memory-bound op's time (docs/fused_batch_norm.md)."""
+    microseconds, so a few thousand per call can double a memory-bound op's time."""
     if resource is None:
         return None
     fn()
@@ -51,7 +51,7 @@ def output_blocks(fn: Callable[[], object], calls: int = 20) -> Set[int]:
     """The distinct addresses fn()'s (first) output takes over `calls` calls, each freed before the next.
     glibc hands a large freed block back only under some heap layouts; where x and y together about fill the
     L3, a y that rotates over several blocks is written from DRAM each call where one that comes back stays
-    cached (docs/fused_batch_norm.md, "tenth pass")."""
+    cached."""
     seen = set()
     for _ in range(calls):
         out = fn()

@@ -1,14 +1,14 @@
 """FusedBatchNormV3 / GradV3 vs torch.ops.aten.native_batch_norm(_backward), same layout and dtype.
 
 `torchops_faults` / `native_faults`: minor page faults per call (getrusage), the usual cause when a ratio
-jumps between runs (docs/fused_batch_norm.md, "Speed and this machine"). Inference rows also time `x.clone()` (one read of x, one write of a fresh output: the least any
+jumps between runs. Inference rows also time `x.clone()` (one read of x, one write of a fresh output: the least any
 inference forward must move) in the same rounds as the op, so `clone/native` is the best ratio a single pass over
 memory can reach and `torchops/clone` (median of the per-round ratios) compares runs in the same machine state.
 `aten_mul/clone` times ATen's `x * 2` the same way: one read, one write and one operation per element, what an
 inference pass costs without per-channel coefficients, so its spread over runs shows how close to `clone` any
 computing pass stays on the machine. `clone_again/clone` times `x.clone()` a second time in the same rounds: the
-spread of that ratio over runs is the benchmark's own noise for two identical ops (docs/fused_batch_norm.md,
-"fifteenth pass"). `ops_clone/clone` times the same copy called the way the op is, through `torch.ops`
+spread of that ratio over runs is the benchmark's own noise for two identical ops .
+`ops_clone/clone` times the same copy called the way the op is, through `torch.ops`
 (`torch.ops.aten.clone(x)`): what that calling path adds to a pass of this size. `torchops_y_blocks` /
 `clone_y_blocks`: how many heap blocks the output y rotates over in 20 calls (`_timing.output_blocks`);
 `shared_y_blocks`: how many of the op's blocks `clone` takes too (the same physical pages, so the same cache state).

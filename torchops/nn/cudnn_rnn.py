@@ -1,7 +1,7 @@
 """cuDNN-style multi-layer RNN modules on the torchops CudnnRNN ops, mirroring TF's
 `tf.contrib.cudnn_rnn.CudnnLSTM` / `CudnnGRU` / `CudnnRNNTanh` / `CudnnRNNRelu`.
 
-Each module holds ONE flat parameter, `params`, in the CudnnRNN params-buffer layout (spec §6.2, the
+Each module holds ONE flat parameter, `params`, in the CudnnRNN params-buffer layout (the
 layout `cudnn_rnn_params_to_canonical` / `cudnn_rnn_canonical_to_params` use): first the matrices of every
 pseudo-layer `pl = layer * num_dirs + dir` (`W_0..W_{G-1}` `[H, in_l]`, `R_0..R_{G-1}` `[H, O]`, then the
 LSTM projection `[P, H]`), then the biases of every pseudo-layer (`b_W0..b_W{G-1}`, `b_R0..b_R{G-1}`,
@@ -33,7 +33,7 @@ _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 
 
 # ---------------------------------------------------------------------------------------------------------
-# params-buffer layout (spec §6), pure Python so that it needs no op and can be checked against the ops
+# params-buffer layout, pure Python so that it needs no op and can be checked against the ops
 # ---------------------------------------------------------------------------------------------------------
 
 def _check_int(name: str, value: Any, minimum: int) -> int:
@@ -71,7 +71,7 @@ def _check_config(rnn_mode: str, num_layers: int, num_units: int, input_size: in
 def canonical_shapes(rnn_mode: str, num_layers: int, num_units: int, input_size: int,
                      direction: str = "unidirectional", input_mode: str = "linear_input",
                      num_proj: int = 0) -> Tuple[List[List[int]], List[List[int]]]:
-    """The shapes of TF's canonical weights and biases, in params_to_canonical order (spec §6.1-6.2).
+    """The shapes of TF's canonical weights and biases, in params_to_canonical order.
 
     skip_input: layer 0's input matrices are `[H, 0]` and its input biases `[0]` (present, empty)."""
     skip = _check_config(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
@@ -94,7 +94,7 @@ def canonical_shapes(rnn_mode: str, num_layers: int, num_units: int, input_size:
 
 def cudnn_params_size(rnn_mode: str, num_layers: int, num_units: int, input_size: int,
                       direction: str = "unidirectional", input_mode: str = "linear_input", num_proj: int = 0) -> int:
-    """Number of elements of the params buffer (spec §6.3); equals `cudnn_rnn_params_size`."""
+    """Number of elements of the params buffer; equals `cudnn_rnn_params_size`."""
     weights, biases = canonical_shapes(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
     return sum(math.prod(s) for s in weights + biases)
 
