@@ -1272,3 +1272,37 @@ def test_cuda_route_switch_rejects_unknown_values(monkeypatch, var, value):
     _, gpu, _ = _gpu_inputs("NHWC", (2, 3, 4, 8), torch.float32, seed=9)
     with pytest.raises(ValueError, match=f"{var} must be .* got '{value}'"):
         fbn(*gpu, 1e-3, 1.0, "NHWC", var == "TORCHOPS_CUDNN_BN")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("route", ["1", "0"])
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 5, 6, 16)), ("NCHW", (4, 16, 5, 6))])
+def test_cuda_opcheck_on_each_route(monkeypatch, route, fmt, shape):
+    """The fake kernels describe what each CUDA route returns (reserve_space_3 included)."""
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", route)
+    x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float32, "cuda", seed=14)
+    args = (x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var, 1e-3, 0.5, fmt, True)
+    torch.library.opcheck(fbn.default, args)
+    _, _, _, rs1, rs2, rs3 = fbn(*args)
+    gargs = (torch.randn_like(x), x.detach(), scale.detach(), rs1, rs2, rs3, 1e-3, fmt, True)
+    torch.library.opcheck(fbn_grad.default, gargs)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_inductor_cudnn_route_matches_eager(monkeypatch):
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
+    torch._dynamo.reset()
+
+    def f(x, scale, offset, mean, var):
+        y, bm, bv, _, _, _ = fbn(x, scale, offset, mean, var, 1e-3, 0.5, "NHWC", True)
+        return (y * y).sum(), bm, bv
+
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        x, scale, offset, mean, var = make_inputs((4, 5, 6, 16), "NHWC", torch.float32, "cuda", seed=15)
+        ins = [x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var]
+        loss, bm, bv = fn(*ins)
+        loss.backward()
+        results.append([loss, bm, bv] + [t.grad for t in ins[:3]])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
