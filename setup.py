@@ -127,7 +127,8 @@ def extension():
         py_limited_api=True,
     )
     if WITH_CUDA:
-        sources += sorted(glob.glob("csrc/cuda/*.cu"))
+        # csrc/cuda/*.cpp: CUDA-only host code (ATen's cuDNN ops), compiled by the C++ compiler.
+        sources += sorted(glob.glob("csrc/cuda/*.cu") + glob.glob("csrc/cuda/*.cpp"))
         kwargs["include_dirs"] += _wheel_cuda_includes()
         kwargs["extra_compile_args"]["nvcc"] = opt + ["--expt-relaxed-constexpr", "-lineinfo",
                                                       "--threads", os.environ.get("NVCC_THREADS", "2")]

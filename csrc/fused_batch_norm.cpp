@@ -161,8 +161,14 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const auto u = stats_dtype(x);
   const auto uopts = x.options().dtype(u);
   Prepared p = prepare(x, cdim);
-  at::Tensor reserve_3 = stats_empty(0, uopts);
   const bool has_data = p.layout.n() > 0 && channels > 0;
+  if (has_data && kernels.library_forward) {
+    if (auto r = kernels.library_forward(p.x, cdim, scale, offset, mean, variance, epsilon, exponential_avg_factor,
+                                         is_training)) {
+      return std::move(*r);
+    }
+  }
+  at::Tensor reserve_3 = stats_empty(0, uopts);
 
   if (!is_training) {
     at::Tensor bm = copy_vector(mean), bv = copy_vector(variance);
@@ -236,11 +242,19 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
 
   const auto uopts = x.options().dtype(stats_dtype(x));
   Prepared p = prepare(x, cdim);
+  const bool has_data = p.layout.n() > 0 && channels > 0;
+  const at::Tensor dy = has_data ? like_layout(y_backprop, p) : y_backprop;
+  if (has_data && kernels.library_backward) {
+    if (auto r = kernels.library_backward(dy, p.x, cdim, scale, reserve_space_1, reserve_space_2, reserve_space_3,
+                                          epsilon, is_training)) {
+      return std::move(*r);
+    }
+  }
   at::Tensor dscale = stats_empty(channels, uopts).zero_();
   at::Tensor doffset = stats_empty(channels, uopts).zero_();
   at::Tensor dx = output_empty(p.x);  // after the small outputs, as in the forward
-  if (p.layout.n() > 0 && channels > 0) {
-    kernels.backward(p.layout, like_layout(y_backprop, p), p.x, scale.contiguous(), reserve_space_1.contiguous(),
+  if (has_data) {
+    kernels.backward(p.layout, dy, p.x, scale.contiguous(), reserve_space_1.contiguous(),
                      reserve_space_2.contiguous(), epsilon, is_training, dx, dscale, doffset);
   }
   return {dx, dscale, doffset, stats_empty(0, uopts), stats_empty(0, uopts)};

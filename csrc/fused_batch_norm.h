@@ -5,6 +5,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
 
@@ -21,6 +22,9 @@ struct Layout {
   int64_t n() const { return outer * inner; }  // elements per channel
 };
 
+using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+using GradResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
 // Per-device kernels. All tensors are dense in the Layout's order; per-channel vectors are
 // contiguous [C] of the statistics dtype U. n() > 0 and channels > 0 whenever they are called.
 struct Kernels {
@@ -34,10 +38,19 @@ struct Kernels {
   void (*backward)(const Layout&, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                    const at::Tensor& mu, const at::Tensor& var, double epsilon, bool is_training,
                    at::Tensor& dx, at::Tensor& dscale, at::Tensor& doffset);
+  // Optional whole-op routes through a vendor library (CUDA: cuDNN), tried after validation when x has data.
+  // x and dy are dense in the kernels' order (see Layout), cdim is x's channel axis. nullopt leaves the case
+  // to the kernels above.
+  std::optional<ForwardResult> (*library_forward)(const at::Tensor& x, int64_t cdim, const at::Tensor& scale,
+                                                  const at::Tensor& offset, const at::Tensor& mean,
+                                                  const at::Tensor& variance, double epsilon,
+                                                  double exponential_avg_factor, bool is_training) = nullptr;
+  std::optional<GradResult> (*library_backward)(const at::Tensor& dy, const at::Tensor& x, int64_t cdim,
+                                                const at::Tensor& scale, const at::Tensor& reserve_space_1,
+                                                const at::Tensor& reserve_space_2,
+                                                const at::Tensor& reserve_space_3, double epsilon,
+                                                bool is_training) = nullptr;
 };
-
-using ForwardResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
-using GradResult = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
                       const at::Tensor& mean, const at::Tensor& variance, double epsilon,

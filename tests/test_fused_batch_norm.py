@@ -1096,3 +1096,196 @@ def test_cuda_matches_cpu(dtype, fmt, shape, training):
     ggpu = fbn_grad(dy.cuda(), x.cuda(), scale.cuda(), cpu[3].cuda(), cpu[4].cuda(), cpu[5].cuda(), 1e-3, fmt, training)
     for a, b in zip(gcpu, ggpu):
         torch.testing.assert_close(b.cpu(), a, atol=tol * 10, rtol=tol * 10)
+
+
+# ---------------------------------------------------------------- CUDA: the cuDNN route and the vectorized inference
+
+CUDNN_CASES = [("NHWC", (8, 7, 9, 32)), ("NCHW", (8, 32, 7, 9)), ("NCHW_CL", (8, 32, 7, 9)),
+               ("NDHWC", (4, 3, 5, 6, 16)), ("NCDHW", (4, 16, 3, 5, 6)), ("NCHW", (16, 8, 40, 40))]
+
+
+def _gpu_inputs(fmt, shape, dtype, seed):
+    """CPU inputs, their CUDA copies (NCHW_CL: NCHW data in channels_last memory) and the op's data_format."""
+    op_fmt = "NCHW" if fmt == "NCHW_CL" else fmt
+    cpu = make_inputs(shape, op_fmt, dtype, seed=seed)
+    gpu = [t.cuda() for t in cpu]
+    if fmt == "NCHW_CL":
+        gpu[0] = gpu[0].contiguous(memory_format=torch.channels_last)
+    return cpu, gpu, op_fmt
+
+
+def _aten_ops(fn):
+    """The names of the aten ops fn() runs (the profiler records every dispatched op, C++ calls included)."""
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    return {e.name for e in prof.events()}
+
+
+def _fwd_bwd(x, scale, offset, mean, var, dy, fmt, eaf, training):
+    """The op's outputs (reserve_space_3 left out: its contents are the route's) and the autograd gradients."""
+    x, scale, offset = (t.detach().clone().requires_grad_() for t in (x, scale, offset))
+    out = fbn(x, scale, offset, mean, var, 1e-3, eaf, fmt, training)
+    grads = torch.autograd.grad(out[0], (x, scale, offset), dy)
+    return [t.detach() for t in out[:5]], list(grads)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt,shape", CUDNN_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("eaf", [1.0, 0.6])
+@pytest.mark.parametrize("route", ["1", "auto", "0"])
+def test_cuda_cudnn_route_matches_cpu(monkeypatch, fmt, shape, dtype, eaf, route):
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", route)
+    cpu, gpu, op_fmt = _gpu_inputs(fmt, shape, dtype, seed=3)
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(4)).to(dtype)
+    dy_gpu = dy.cuda()
+    tol = 1e-5 if dtype == torch.float32 else 1e-2
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+        want_out, want_grads = _fwd_bwd(*cpu, dy, op_fmt, eaf, True)
+        got_out, got_grads = _fwd_bwd(*gpu, dy_gpu, op_fmt, eaf, True)
+        ops = _aten_ops(lambda: _fwd_bwd(*gpu, dy_gpu, op_fmt, eaf, True))
+    for name, a, b in zip(["y", "batch_mean", "batch_variance", "reserve_space_1", "reserve_space_2"], want_out,
+                          got_out):
+        torch.testing.assert_close(b.cpu(), a, atol=tol, rtol=tol, msg=lambda m: f"{name}: {m}")
+    layout = torch.channels_last if fmt == "NCHW_CL" else torch.contiguous_format
+    assert got_out[0].is_contiguous(memory_format=layout) and got_grads[0].is_contiguous(memory_format=layout)
+    for name, a, b in zip(["x", "scale", "offset"], want_grads, got_grads):
+        torch.testing.assert_close(b.cpu(), a, atol=tol * 10, rtol=tol * 10, msg=lambda m: f"d{name}: {m}")
+    channels_first = fmt in ("NCHW", "NCDHW")
+    plane = int(np.prod(shape[2:])) if channels_first else 0
+    expect_cudnn = route == "1" or (route == "auto" and (not channels_first or plane < 1024))
+    assert ("aten::cudnn_batch_norm" in ops) == expect_cudnn, sorted(ops)
+    assert ("aten::cudnn_batch_norm_backward" in ops) == expect_cudnn, sorted(ops)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt,shape", CUDNN_CASES[:4])
+def test_cuda_cudnn_disabled_takes_own_kernels_with_same_results(monkeypatch, fmt, shape):
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
+    monkeypatch.setenv("TORCHOPS_BN_CUDA_INFERENCE", "cudnn")
+    cpu, gpu, op_fmt = _gpu_inputs(fmt, shape, torch.float32, seed=5)
+    dy = torch.randn(shape, generator=torch.Generator().manual_seed(6))
+    for training in (True, False):
+        with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):
+            on_out, on_grads = _fwd_bwd(*gpu, dy.cuda(), op_fmt, 0.6, training)
+            on_ops = _aten_ops(lambda: _fwd_bwd(*gpu, dy.cuda(), op_fmt, 0.6, training))
+        with torch.backends.cudnn.flags(enabled=False):
+            off_out, off_grads = _fwd_bwd(*gpu, dy.cuda(), op_fmt, 0.6, training)
+            off_ops = _aten_ops(lambda: _fwd_bwd(*gpu, dy.cuda(), op_fmt, 0.6, training))
+        want_out, want_grads = _fwd_bwd(*cpu, dy, op_fmt, 0.6, training)
+        assert "aten::cudnn_batch_norm" in on_ops
+        assert "aten::cudnn_batch_norm" not in off_ops and "aten::cudnn_batch_norm_backward" not in off_ops
+        for a, b, c in zip(want_out + want_grads, on_out + on_grads, off_out + off_grads):
+            torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(c.cpu(), a, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.cuda
+def test_cuda_cudnn_reserve_spaces_and_grad_op_with_either_reserve(monkeypatch):
+    """The cuDNN forward keeps the contract's reserve_space_1/2 (batch mean, biased variance) and puts cuDNN's
+    bytes in a float32 reserve_space_3; the grad op gives the same gradients with that reserve or the own
+    kernels' [0] (then it runs its own kernels where cuDNN needs its reserve)."""
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
+    cpu, gpu, _ = _gpu_inputs("NHWC", (6, 5, 7, 24), torch.float32, seed=7)
+    x = gpu[0]
+    out = fbn(*gpu, 1e-3, 1.0, "NHWC", True)
+    flat = x.double().reshape(-1, 24)
+    torch.testing.assert_close(out[3].double(), flat.mean(0), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[4].double(), flat.var(0, unbiased=False), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[2].double(), flat.var(0, unbiased=True), atol=1e-5, rtol=1e-5)
+    assert out[5].dtype == torch.float32 and out[5].dim() == 1
+    dy = torch.randn_like(x)
+    with_reserve = fbn_grad(dy, x, gpu[1], out[3], out[4], out[5], 1e-3, "NHWC", True)
+    with_empty = fbn_grad(dy, x, gpu[1], out[3], out[4], torch.empty(0, device="cuda"), 1e-3, "NHWC", True)
+    want = fbn_grad(dy.cpu(), cpu[0], cpu[1], out[3].cpu(), out[4].cpu(), torch.empty(0), 1e-3, "NHWC", True)
+    for a, b, c in zip(want[:3], with_reserve[:3], with_empty[:3]):
+        torch.testing.assert_close(b.cpu(), a, atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(c.cpu(), a, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("fmt,shape", [("NCHW", (2, 3, 4, 4))])
+def test_cuda_float64_never_cudnn_and_gradcheck(monkeypatch, fmt, shape):
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
+    monkeypatch.setenv("TORCHOPS_BN_CUDA_INFERENCE", "cudnn")
+    for training in (True, False):
+        inputs = _grad_inputs(fmt, shape, "cuda")
+        f = _fwd_y(fmt, training, 0.4, False)
+        ops = _aten_ops(lambda: torch.autograd.grad(f(*inputs).sum(), inputs[:3]))
+        assert not any(o.startswith("aten::cudnn_batch_norm") for o in ops), sorted(ops)
+        assert gradcheck(f, inputs, eps=1e-6, atol=1e-6)
+        assert gradgradcheck(f, inputs, eps=1e-6, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("inference", ["vector", "cudnn"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("fmt,shape,offset", [
+    ("NHWC", (4, 5, 6, 32), 0),    # channels-last rows, C % vector width == 0
+    ("NHWC", (4, 5, 6, 7), 0),     # C not a multiple of the vector width: plain kernel
+    ("NCHW", (4, 7, 6, 8), 0),     # planes of 48
+    ("NCHW", (4, 7, 5, 5), 0),     # planes of 25: plain kernel
+    ("NCHW", (4, 7, 6, 8), 1),     # x one element past an aligned address: plain kernel
+    ("NCHW_CL", (4, 16, 6, 8), 0),
+    ("NCDHW", (2, 5, 4, 4, 4), 0),
+])
+def test_cuda_inference_matches_cpu(monkeypatch, inference, dtype, fmt, shape, offset):
+    monkeypatch.setenv("TORCHOPS_BN_CUDA_INFERENCE", inference)
+    cpu, gpu, op_fmt = _gpu_inputs(fmt, shape, dtype, seed=8)
+    if offset:
+        buf = torch.empty(gpu[0].numel() + offset, dtype=dtype, device="cuda")
+        buf[offset:].copy_(gpu[0].reshape(-1))
+        gpu[0] = buf[offset:].view(shape)
+        assert gpu[0].data_ptr() % 16 != 0
+    want = fbn(*cpu, 1e-3, 1.0, op_fmt, False)
+    ops = _aten_ops(lambda: fbn(*gpu, 1e-3, 1.0, op_fmt, False))
+    got = fbn(*gpu, 1e-3, 1.0, op_fmt, False)
+    tol = {torch.float32: 1e-5, torch.float16: 1e-2, torch.bfloat16: 5e-2}[dtype]
+    for a, b in zip(want[:5], got[:5]):
+        torch.testing.assert_close(b.cpu(), a, atol=tol, rtol=tol)
+    runs_cudnn = inference == "cudnn" and dtype != torch.bfloat16
+    assert ("aten::cudnn_batch_norm" in ops) == runs_cudnn, sorted(ops)
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("var,value", [("TORCHOPS_CUDNN_BN", "yes"), ("TORCHOPS_BN_CUDA_INFERENCE", "fast")])
+def test_cuda_route_switch_rejects_unknown_values(monkeypatch, var, value):
+    monkeypatch.setenv(var, value)
+    _, gpu, _ = _gpu_inputs("NHWC", (2, 3, 4, 8), torch.float32, seed=9)
+    with pytest.raises(ValueError, match=f"{var} must be .* got '{value}'"):
+        fbn(*gpu, 1e-3, 1.0, "NHWC", var == "TORCHOPS_CUDNN_BN")
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("route", ["1", "0"])
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 5, 6, 16)), ("NCHW", (4, 16, 5, 6))])
+def test_cuda_opcheck_on_each_route(monkeypatch, route, fmt, shape):
+    """The fake kernels describe what each CUDA route returns (reserve_space_3 included)."""
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", route)
+    x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float32, "cuda", seed=14)
+    args = (x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var, 1e-3, 0.5, fmt, True)
+    torch.library.opcheck(fbn.default, args)
+    _, _, _, rs1, rs2, rs3 = fbn(*args)
+    gargs = (torch.randn_like(x), x.detach(), scale.detach(), rs1, rs2, rs3, 1e-3, fmt, True)
+    torch.library.opcheck(fbn_grad.default, gargs)
+
+
+@pytest.mark.cuda
+def test_cuda_compile_inductor_cudnn_route_matches_eager(monkeypatch):
+    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
+    torch._dynamo.reset()
+
+    def f(x, scale, offset, mean, var):
+        y, bm, bv, _, _, _ = fbn(x, scale, offset, mean, var, 1e-3, 0.5, "NHWC", True)
+        return (y * y).sum(), bm, bv
+
+    results = []
+    for fn in (f, torch.compile(f, fullgraph=True)):
+        x, scale, offset, mean, var = make_inputs((4, 5, 6, 16), "NHWC", torch.float32, "cuda", seed=15)
+        ins = [x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var]
+        loss, bm, bv = fn(*ins)
+        loss.backward()
+        results.append([loss, bm, bv] + [t.grad for t in ins[:3]])
+    for a, b in zip(*results):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

@@ -5,13 +5,16 @@
 // per-channel finalize kernel merges the slices and derives the per-channel coefficients. Both
 // layouts read coalesced: channels-first blocks walk one channel's contiguous runs; channels-last
 // blocks are 32 channels wide (a warp reads 32 consecutive channels of a row) and 8 rows tall.
-// The element-wise passes then apply the shared scalar math of common/fused_batch_norm_math.h.
+// The element-wise passes then apply the shared scalar math of common/fused_batch_norm_math.h. Where cuDNN
+// runs the case, the Kernels table's library routes (cuda/fused_batch_norm_cudnn.cpp) take it instead.
 #include "common/fused_batch_norm_math.h"
+#include "cuda/fused_batch_norm_cudnn.h"
 #include "fused_batch_norm.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
 #include <ATen/cuda/CUDAContext.h>
+#include <ATen/cuda/detail/IntegerDivider.cuh>
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -204,12 +207,94 @@ __global__ void grad_input_kernel(const T* dy, const T* x, const U* mu, const Gr
   }
 }
 
+// The normalisation written for bandwidth: 16-byte loads and stores, the channel found once per vector by
+// multiply-shift division (no per-element 64-bit division), a few vectors in flight per thread.
+// Channels-first planes (inner % VEC == 0): a vector lies in one plane, one channel. Channels-last rows
+// (inner == 1, C % VEC == 0): a vector holds VEC consecutive channels.
+template <typename T, int N>
+struct alignas(sizeof(T) * N) Pack {
+  T v[N];
+};
+
+constexpr int kUnroll = 4;
+
+template <typename T, typename U, int VEC, bool kChannelsLast>
+__global__ void normalize_vec_kernel(const T* __restrict__ x, const U* __restrict__ mean,
+                                     const U* __restrict__ alpha, const U* __restrict__ offset, uint32_t nvec,
+                                     at::cuda::detail::IntDivider<uint32_t> inner, at::cuda::detail::IntDivider<uint32_t> channels,
+                                     T* __restrict__ y) {
+  using P = Pack<T, VEC>;
+  const P* xv = reinterpret_cast<const P*>(x);
+  P* yv = reinterpret_cast<P*>(y);
+  const uint32_t nthreads = gridDim.x * blockDim.x;
+  for (uint32_t base = blockIdx.x * blockDim.x + threadIdx.x; base < nvec; base += nthreads * kUnroll) {
+    P in[kUnroll];
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const uint32_t v = base + k * nthreads;
+      if (v < nvec) in[k] = xv[v];
+    }
+#pragma unroll
+    for (int k = 0; k < kUnroll; ++k) {
+      const uint32_t v = base + k * nthreads;
+      if (v >= nvec) continue;
+      P out;
+      if constexpr (kChannelsLast) {
+        const uint32_t c0 = channels.divmod(v * VEC).mod;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+          out.v[j] = static_cast<T>(normalize(static_cast<U>(in[k].v[j]), mean[c0 + j], alpha[c0 + j], offset[c0 + j]));
+        }
+      } else {
+        const uint32_t c = channels.divmod(inner.div(v * VEC)).mod;
+        const U m = mean[c], a = alpha[c], o = offset[c];
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) out.v[j] = static_cast<T>(normalize(static_cast<U>(in[k].v[j]), m, a, o));
+      }
+      yv[v] = out;
+    }
+  }
+}
+
 unsigned elementwise_blocks(int64_t numel) {
   const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((numel + kThreads - 1) / kThreads, sms * 32)));
 }
 
 unsigned channel_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
+
+// y = normalize(x) with per-channel mean, alpha, offset: the vectorized kernel where the layout and the
+// pointers allow it, the plain one otherwise.
+template <typename T, typename U>
+void launch_normalize(const Layout& L, const T* x, const U* mean, const U* alpha, const U* offset, int64_t numel,
+                      T* y, cudaStream_t stream) {
+  constexpr int VEC = 16 / sizeof(T);
+  const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
+  const bool fits = numel <= static_cast<int64_t>(UINT32_MAX) && L.channels <= static_cast<int64_t>(UINT32_MAX) &&
+                    L.inner <= static_cast<int64_t>(UINT32_MAX);
+  const bool last = L.inner == 1;
+  if (aligned && fits && (last ? L.channels % VEC == 0 : L.inner % VEC == 0)) {
+    const auto nvec = static_cast<uint32_t>(numel / VEC);
+    const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
+    const int64_t per_sm = at::cuda::getCurrentDeviceProperties()->maxThreadsPerMultiProcessor / kThreads;
+    const auto blocks = static_cast<unsigned>(std::max<int64_t>(
+        1, std::min<int64_t>((nvec + kThreads * kUnroll - 1) / (kThreads * kUnroll), sms * per_sm)));
+    const at::cuda::detail::IntDivider<uint32_t> inner(static_cast<uint32_t>(L.inner));
+    const at::cuda::detail::IntDivider<uint32_t> channels(static_cast<uint32_t>(L.channels));
+    if (last) {
+      normalize_vec_kernel<T, U, VEC, true><<<blocks, kThreads, 0, stream>>>(x, mean, alpha, offset, nvec, inner,
+                                                                             channels, y);
+    } else {
+      normalize_vec_kernel<T, U, VEC, false><<<blocks, kThreads, 0, stream>>>(x, mean, alpha, offset, nvec, inner,
+                                                                              channels, y);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    return;
+  }
+  normalize_kernel<T, U><<<elementwise_blocks(numel), kThreads, 0, stream>>>(x, mean, alpha, offset, numel,
+                                                                            L.channels, L.inner, y);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+}
 
 // ---------------------------------------------------------------- Kernels entry points
 
@@ -227,10 +312,8 @@ void train_forward_cuda(const Layout& L, const at::Tensor& x, const at::Tensor& 
         static_cast<U>(eps), mean_out.mutable_data_ptr<U>(), var_out.mutable_data_ptr<U>(),
         alpha.mutable_data_ptr<U>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    normalize_kernel<scalar_t, U><<<elementwise_blocks(x.numel()), kThreads, 0, stream>>>(
-        xp, mean_out.const_data_ptr<U>(), alpha.const_data_ptr<U>(), offset.const_data_ptr<U>(), x.numel(),
-        L.channels, L.inner, y.mutable_data_ptr<scalar_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_normalize<scalar_t, U>(L, xp, mean_out.const_data_ptr<U>(), alpha.const_data_ptr<U>(),
+                                  offset.const_data_ptr<U>(), x.numel(), y.mutable_data_ptr<scalar_t>(), stream);
   });
 }
 
@@ -245,10 +328,8 @@ void infer_forward_cuda(const Layout& L, const at::Tensor& x, const at::Tensor& 
         scale.const_data_ptr<U>(), var.const_data_ptr<U>(), static_cast<U>(eps), L.channels,
         alpha.mutable_data_ptr<U>());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    normalize_kernel<scalar_t, U><<<elementwise_blocks(x.numel()), kThreads, 0, stream>>>(
-        x.const_data_ptr<scalar_t>(), mean.const_data_ptr<U>(), alpha.const_data_ptr<U>(),
-        offset.const_data_ptr<U>(), x.numel(), L.channels, L.inner, y.mutable_data_ptr<scalar_t>());
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_normalize<scalar_t, U>(L, x.const_data_ptr<scalar_t>(), mean.const_data_ptr<U>(), alpha.const_data_ptr<U>(),
+                                  offset.const_data_ptr<U>(), x.numel(), y.mutable_data_ptr<scalar_t>(), stream);
   });
 }
 
@@ -276,7 +357,7 @@ void backward_cuda(const Layout& L, const at::Tensor& dy, const at::Tensor& x, c
   });
 }
 
-const Kernels kCudaKernels{train_forward_cuda, infer_forward_cuda, backward_cuda};
+const Kernels kCudaKernels{train_forward_cuda, infer_forward_cuda, backward_cuda, cudnn_forward, cudnn_backward};
 
 ForwardResult fused_batch_norm_v3_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
                                        const at::Tensor& mean, const at::Tensor& variance, double epsilon,

@@ -1,4 +1,4 @@
-"""`python -m torchops.bench [--json FILE] [--filter NAME] [--device cpu|cuda] [--quick] [--repeat N]`
+"""`python -m torchops.bench [--json FILE] [--filter NAME] [--device cpu|cuda] [--quick] [--repeat N] [--precision P]`
 
 Times each torchops op against the best PyTorch-native equivalent, side by side in one process, and
 prints medians and the ratio torchops/native (below 1 = torchops faster). One module per family.
@@ -59,6 +59,10 @@ def main(argv=None) -> int:
     p.add_argument("--json", default=None, help="write all results to this JSON file")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="shorter timings (for smoke runs)")
+    p.add_argument("--precision", choices=["fp32", "tf32", "both"], default="both",
+                   help="CUDA only: float32 matmuls and convolutions in full FP32 (torch.backends.cuda.matmul."
+                        "allow_tf32 and torch.backends.cudnn.allow_tf32 off), in TF32 (both on), or both runs; "
+                        "both sides of every comparison run under the same setting")
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole comparison N times, each in a fresh process, then print the median and the "
                         "worst ratio per case")
@@ -79,13 +83,36 @@ def main(argv=None) -> int:
         return _repeat(args)
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}")
     results = {}
-    for key, module in chosen.items():
-        results[key] = module.run(args)
+    info = {"torch": torch.__version__, "device": args.device}
+    if torch.device(args.device).type != "cuda":
+        for key, module in chosen.items():
+            results[key] = module.run(args)
+    else:
+        info["device_name"] = torch.cuda.get_device_name(torch.device(args.device))
+        info["cudnn"] = torch.backends.cudnn.version()
+        print(f"card {info['device_name']}, CUDA {torch.version.cuda}, cuDNN {info['cudnn']}")
+        for precision in (["fp32", "tf32"] if args.precision == "both" else [args.precision]):
+            _set_tf32(precision == "tf32")
+            print(f"\n######## {precision}: torch.backends.cuda.matmul.allow_tf32="
+                  f"{torch.backends.cuda.matmul.allow_tf32}, torch.backends.cudnn.allow_tf32="
+                  f"{torch.backends.cudnn.allow_tf32} (both sides)", flush=True)
+            for key, module in chosen.items():
+                rows = module.run(args)
+                for row in rows:
+                    if isinstance(row, dict) and "case" in row:
+                        row["case"] = f"{precision} {row['case']}"
+                        row["precision"] = precision
+                results.setdefault(key, []).extend(rows)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({**markdown.run_metadata(args.device), "command": _command(args), "results": results}, f,
-                      indent=1)
+            json.dump({**info, **markdown.run_metadata(args.device), "command": _command(args), "results": results},
+                      f, indent=1)
     return 0
+
+
+def _set_tf32(on: bool) -> None:
+    torch.backends.cuda.matmul.allow_tf32 = on
+    torch.backends.cudnn.allow_tf32 = on
 
 
 # Per-case values summarised over --repeat runs: name -> the row key it is read from (rows without it are skipped).
@@ -110,7 +137,7 @@ def _repeat(args) -> int:
         for run in range(args.repeat):
             out = os.path.join(tmp, f"run{run}.json")
             cmd = [sys.executable, "-m", "torchops.bench", "--filter", args.filter, "--device", args.device,
-                   "--json", out] + (["--quick"] if args.quick else [])
+                   "--json", out, "--precision", args.precision] + (["--quick"] if args.quick else [])
             print(f"\n#### run {run + 1}/{args.repeat} (fresh process)", flush=True)
             rc = subprocess.run(cmd).returncode
             if rc != 0:

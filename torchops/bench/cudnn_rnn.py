@@ -7,7 +7,7 @@
 * "varlen": V3 with sequence_lengths (training fwd+bwd) vs pack_padded_sequence -> module ->
   pad_packed_sequence.
 `--quick`: the first shape only, 1 and 2 layers unidirectional plus 1 layer bidirectional.
-On CUDA, TF32 is disabled on both sides.
+On CUDA both sides run under the same TF32 setting, FP32 and TF32 (`--precision`).
 """
 import torch
 
@@ -91,9 +91,6 @@ def _cases(device, quick):
 
 
 def run(args):
-    device = torch.device(args.device)
-    if device.type == "cuda":
-        torch.backends.cudnn.allow_tf32 = False
-        torch.backends.cuda.matmul.allow_tf32 = False
+    device = torch.device(args.device)  # on CUDA the driver sets TF32 for both sides (--precision)
     return compare_cases(_cases(device, args.quick), args, device,
                          "cudnn_rnn (float32): torchops vs torch.nn.LSTM / torch.nn.GRU", rounds=3)

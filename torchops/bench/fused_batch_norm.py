@@ -12,7 +12,16 @@ spread of that ratio over runs is the benchmark's own noise for two identical op
 (`torch.ops.aten.clone(x)`): what that calling path adds to a pass of this size. `torchops_y_blocks` /
 `clone_y_blocks`: how many heap blocks the output y rotates over in 20 calls (`_timing.output_blocks`);
 `shared_y_blocks`: how many of the op's blocks `clone` takes too (the same physical pages, so the same cache state).
+
+On CUDA every row also times what a user's `torch.nn.functional.batch_norm` runs (cuDNN: `cudnn_batch_norm`,
+its backward `cudnn_batch_norm_backward`), `x.clone()` (`clone_GB/s`), and torchops with each route forced
+(`ours_own`: TORCHOPS_CUDNN_BN=0, own kernels; `ours_cudnn`: TORCHOPS_CUDNN_BN=1 and, for inference,
+TORCHOPS_BN_CUDA_INFERENCE=cudnn; the variables are set around each call). `torchops/best` is torchops over the
+faster of ATen's native kernel and cuDNN.
 """
+import contextlib
+import os
+
 import torch
 
 from ._timing import RATIO_COLUMNS, compare, faults_per_call, output_blocks, print_table
@@ -51,8 +60,101 @@ def _cases(device, dtype):
             yield shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes, x.clone, others
 
 
+@contextlib.contextmanager
+def _env(**values):
+    old = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _routed(fn, **values):
+    def call():
+        with _env(**values):
+            return fn()
+    return call
+
+
+_OWN = {"TORCHOPS_CUDNN_BN": "0"}
+_CUDNN = {"TORCHOPS_CUDNN_BN": "1", "TORCHOPS_BN_CUDA_INFERENCE": "cudnn"}
+
+
+def _cuda_cases(device, dtype):
+    """The CUDA rows: torchops (its default routes) vs aten.native_batch_norm, with cuDNN through F.batch_norm's
+    ops, clone and both torchops routes timed in the same rounds."""
+    aten = torch.ops.aten
+    for shape in SHAPES:
+        for layout in ("NCHW", "channels_last"):
+            x = torch.randn(shape, device=device, dtype=dtype)
+            if layout == "channels_last":
+                x = x.contiguous(memory_format=torch.channels_last)
+            c = shape[1]
+            w = torch.rand(c, device=device) + 0.5
+            b = torch.randn(c, device=device)
+            rm = torch.randn(c, device=device)
+            rv = torch.rand(c, device=device) + 0.5
+            dy = torch.randn_like(x)
+            eps = 1e-3
+            op, grad = torch.ops.torchops.fused_batch_norm_v3, torch.ops.torchops.fused_batch_norm_grad_v3
+            ours_train = lambda: op(x, w, b, rm, rv, eps, 1.0, "NCHW", True)  # noqa: E731
+            ours_inf = lambda: op(x, w, b, rm, rv, eps, 1.0, "NCHW", False)  # noqa: E731
+            nat_train = lambda: aten.native_batch_norm(x, w, b, None, None, True, 0.0, eps)  # noqa: E731
+            nat_inf = lambda: aten.native_batch_norm(x, w, b, rm, rv, False, 0.0, eps)  # noqa: E731
+            cudnn_train = lambda: aten.cudnn_batch_norm(x, w, b, None, None, True, 0.0, eps)  # noqa: E731
+            cudnn_inf = lambda: aten.cudnn_batch_norm(x, w, b, rm, rv, False, 0.0, eps)  # noqa: E731
+            _, save_mean, save_invstd = nat_train()
+            _, c_mean, c_invstd, c_reserve = cudnn_train()
+            nat_bwd = lambda: aten.native_batch_norm_backward(  # noqa: E731
+                dy, x, w, None, None, save_mean, save_invstd, True, eps, [True, True, True])
+            cudnn_bwd = lambda: aten.cudnn_batch_norm_backward(  # noqa: E731
+                x, dy, w, None, None, c_mean, c_invstd, eps, c_reserve)
+            # Each route's backward consumes its own forward's reserve spaces.
+            rs = ours_train()[3:]
+            with _env(**_OWN):
+                rs_own = ours_train()[3:]
+            with _env(**_CUDNN):
+                rs_cudnn = ours_train()[3:]
+            bwd = lambda rs: lambda: grad(dy, x, w, rs[0], rs[1], rs[2], eps, "NCHW", True)  # noqa: E731
+            nbytes = x.numel() * x.element_size()
+            yield (shape, layout, "train fwd", ours_train, nat_train, 2 * nbytes, x.clone,
+                   {"cudnn": cudnn_train, "ours_own": _routed(ours_train, **_OWN),
+                    "ours_cudnn": _routed(ours_train, **_CUDNN)})
+            yield (shape, layout, "backward", bwd(rs), nat_bwd, 3 * nbytes, x.clone,
+                   {"cudnn": cudnn_bwd, "ours_own": _routed(bwd(rs_own), **_OWN),
+                    "ours_cudnn": _routed(bwd(rs_cudnn), **_CUDNN)})
+            yield (shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes, x.clone,
+                   {"cudnn": cudnn_inf, "ours_own": _routed(ours_inf, **_OWN),
+                    "ours_cudnn": _routed(ours_inf, **_CUDNN)})
+
+
+def _run_cuda(args, device):
+    rows = []
+    for shape, layout, what, ours, native, nbytes, floor, others in _cuda_cases(device, torch.float32):
+        r = compare(ours, native, device, rounds=1 if args.quick else 5, min_time=0.1 if args.quick else 0.3,
+                    floor=floor, floor_name="clone", others=others)
+        row = {"case": f"{what} {tuple(shape)} {layout}", **r}
+        row["torchops/cudnn"] = row["torchops_ms"] / row["cudnn_ms"]
+        row["torchops/best"] = row["torchops_ms"] / min(row["native_ms"], row["cudnn_ms"])
+        for name in ("torchops", "native", "cudnn", "clone", "ours_own", "ours_cudnn"):
+            row[f"{name}_GB/s"] = nbytes / row[f"{name}_ms"] / 1e6
+        rows.append(row)
+    print_table("fused_batch_norm (float32, CUDA): torchops vs aten.native_batch_norm and cuDNN (F.batch_norm)", rows,
+                ["case", "torchops_ms", "native_ms", "cudnn_ms", "ratio", "torchops/cudnn", "torchops/best",
+                 "torchops/clone", "ours_own_ms", "ours_cudnn_ms", "torchops_GB/s", "native_GB/s", "cudnn_GB/s",
+                 "clone_GB/s", "ratio_min", "ratio_max"])
+    return rows
+
+
 def run(args):
     device = torch.device(args.device)
+    if device.type == "cuda":
+        return _run_cuda(args, device)
     rows = []
     min_time = 0.1 if args.quick else 0.3
     for shape, layout, what, ours, native, nbytes, floor, others in _cases(device, torch.float32):

@@ -1,0 +1,21 @@
+// FusedBatchNormV3 / GradV3 through cuDNN (ATen's cudnn_batch_norm ops): the Kernels table's library routes
+// on CUDA (see Kernels::library_forward / library_backward in fused_batch_norm.h).
+#pragma once
+
+#include "fused_batch_norm.h"
+
+namespace torchops {
+namespace fbn {
+
+std::optional<ForwardResult> cudnn_forward(const at::Tensor& x, int64_t cdim, const at::Tensor& scale,
+                                           const at::Tensor& offset, const at::Tensor& mean,
+                                           const at::Tensor& variance, double epsilon,
+                                           double exponential_avg_factor, bool is_training);
+
+std::optional<GradResult> cudnn_backward(const at::Tensor& dy, const at::Tensor& x, int64_t cdim,
+                                         const at::Tensor& scale, const at::Tensor& reserve_space_1,
+                                         const at::Tensor& reserve_space_2, const at::Tensor& reserve_space_3,
+                                         double epsilon, bool is_training);
+
+}  // namespace fbn
+}  // namespace torchops

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# One command for a lent GPU machine (H100/H200, torch 2.11, Python 3.12, CUDA 13.0, 16 cores, no network):
+# builds torchops with CUDA, runs every CUDA test, then the CUDA benchmarks of BatchNorm and CudnnRNN, in about
+# 8 minutes. Run from the repository root:  bash scripts/gpu_check.sh [OUTDIR]
+# Results go to OUTDIR (default $OUT, else ./gpu_check_out): build.log, pytest_cuda.log, pytest_full.log,
+# bench_bn.json/.log, bench_rnn.json/.log, summary.txt. Stage timings are printed and written to summary.txt.
+#
+# Python: the machine's plain `python3` already holds torch, pytest, pytest-xdist and numpy and nothing can be
+# installed there, so it is used directly (no virtual environment). The build is in place, as in development.
+# Environment knobs: TIME_BUDGET (seconds, default 480): the full suite runs only with time left over;
+# BENCH_QUICK=1: one round per benchmark case.
+set -uo pipefail
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+OUTDIR="${1:-${OUT:-$ROOT/gpu_check_out}}"
+mkdir -p "$OUTDIR"
+PY="${PYTHON:-python3}"
+export PYTHONUNBUFFERED=1
+BUDGET="${TIME_BUDGET:-480}"
+START=$(date +%s)
+SUMMARY="$OUTDIR/summary.txt"
+: >"$SUMMARY"
+
+note() { echo "$*" | tee -a "$SUMMARY"; }
+elapsed() { echo $(( $(date +%s) - START )); }
+stage() {  # stage NAME TIMEOUT_S LOGFILE COMMAND...: runs COMMAND under a timeout, logs it, records its time
+  local name=$1 limit=$2 log=$3; shift 3
+  local t0; t0=$(date +%s)
+  echo "==== $name (limit ${limit}s, at $(elapsed)s)"
+  timeout --signal=INT --kill-after=20 "$limit" "$@" >"$log" 2>&1
+  local rc=$?
+  note "$name: exit $rc in $(( $(date +%s) - t0 ))s (log $(basename "$log"))"
+  tail -n 25 "$log"
+  return $rc
+}
+
+note "gpu_check at $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(date -u +%FT%TZ)"
+nvidia-smi -L 2>&1 | tee -a "$SUMMARY"
+"$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'device', torch.cuda.get_device_name())" 2>&1 | tee -a "$SUMMARY"
+
+export CXX=/usr/bin/g++ CC=/usr/bin/gcc TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCHOPS_WITH_CUDA=1 NVCC_THREADS=4
+if ! stage build 330 "$OUTDIR/build.log" "$PY" setup.py build_ext --inplace; then
+  note "build failed: see build.log"
+  exit 1
+fi
+"$PY" -c "import torchops, torchops._build_info as b; print('torchops', torchops.__file__, 'WITH_CUDA', b.WITH_CUDA)" 2>&1 | tee -a "$SUMMARY"
+
+# cuDNN's reserve bytes per training batch norm (0: reserve_space_3 stays [0] on the cuDNN route too).
+"$PY" - <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
+import torch
+for shape, fmt in [((32, 64, 56, 56), torch.contiguous_format), ((32, 64, 56, 56), torch.channels_last),
+                   ((64, 256, 14, 14), torch.channels_last), ((4, 16, 3, 5, 6), torch.channels_last_3d)]:
+    x = torch.empty(shape, device="cuda").contiguous(memory_format=fmt)
+    print("cudnn batch norm reserve bytes", shape, fmt, torch._C._get_cudnn_batch_norm_reserve_space_size(x, True))
+PYEOF
+
+# Every test marked `cuda` (the device-parametrized tests run their CUDA cases in the full suite below).
+stage "pytest -m cuda" 150 "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra -p no:cacheprovider -n 8 --dist loadfile tests
+
+BENCH_ARGS=(--device cuda)
+[ "${BENCH_QUICK:-0}" = 1 ] && BENCH_ARGS+=(--quick)
+# BatchNorm: FP32 only (no matmul or convolution, so TF32 does not apply), five rounds per case.
+stage "bench bn" 120 "$OUTDIR/bench_bn.log" "$PY" -m torchops.bench "${BENCH_ARGS[@]}" --filter bn --precision fp32 \
+  --json "$OUTDIR/bench_bn.json"
+# CudnnRNN ops and modules: FP32 and TF32, both sides under the same setting; one round per case to fit.
+stage "bench cudnn_rnn" 120 "$OUTDIR/bench_rnn.log" "$PY" -m torchops.bench --device cuda --quick --filter cudnn_rnn \
+  --precision both --json "$OUTDIR/bench_rnn.json"
+
+left=$(( BUDGET - $(elapsed) ))
+if [ "$left" -gt 90 ]; then
+  stage "pytest full (not slow)" $(( left - 20 )) "$OUTDIR/pytest_full.log" "$PY" -m pytest -q -ra -p no:cacheprovider \
+    -n 12 --dist loadfile -m "not slow" tests
+else
+  note "pytest full: skipped, ${left}s of the ${BUDGET}s budget left"
+fi
+note "total $(elapsed)s"
