@@ -149,6 +149,14 @@ struct Batch;
 struct Queue;
 struct DeferredGroup;
 
+// Where the tasks of one batch sleep: one mutex and condition variable per batch, so that releasing a
+// batch's calls is one broadcast (one futex wake for all of them) rather than one wake per call, each
+// of which lets the woken thread preempt the releasing one.
+struct Signal {
+  std::mutex mu;
+  std::condition_variable cv;
+};
+
 struct Task {
   std::vector<at::Tensor> inputs;
   int64_t size = 0;
@@ -160,10 +168,9 @@ struct Task {
   Clock::time_point due;  // its batch's timeout
   bool first = false;     // the batch's first task: the one that ships it at its timeout
   std::shared_ptr<DeferredGroup> group;  // holder only: the calls it releases (deferred release)
-  std::atomic<bool> done_flag{false};  // done, readable without mu (spin)
-  // completion (guarded by mu)
-  std::mutex mu;
-  std::condition_variable cv;
+  std::atomic<bool> done_flag{false};  // done, readable without the signal's mutex (spin)
+  std::shared_ptr<Signal> sig;         // its batch's (set at enqueue)
+  // completion (guarded by sig->mu)
   bool done = false;
   bool holder = false;
   std::vector<at::Tensor> batched;
@@ -188,6 +195,7 @@ struct DeferredGroup {
 };
 
 struct Batch {
+  std::shared_ptr<Signal> sig = std::make_shared<Signal>();
   std::vector<std::shared_ptr<Task>> tasks;
   int64_t size = 0;
   Clock::time_point start;
@@ -231,11 +239,31 @@ namespace {
 
 constexpr int64_t kDeferMinMicros = 1000, kDeferMaxMicros = 20000;
 
-void complete(Task& t, bool holder, std::vector<at::Tensor> batched, at::Tensor index, const std::string& error);
+// Marks t done (caller holds t.sig->mu); the caller then broadcasts on t.sig->cv.
+void set_done_locked(Task& t, bool holder, std::vector<at::Tensor> batched, at::Tensor index,
+                     const std::string& error) {
+  t.done = true;
+  t.holder = holder;
+  t.batched = std::move(batched);
+  t.index = std::move(index);
+  t.error = error;
+  t.done_flag.store(true, std::memory_order_release);
+}
+
+// Completes the non-holders of one batch (they share its signal) with one broadcast.
+void complete_others(const std::vector<std::shared_ptr<Task>>& tasks, size_t count, const std::string& error) {
+  if (count == 0) return;
+  Signal& sig = *tasks[0]->sig;
+  {
+    std::lock_guard<std::mutex> lk(sig.mu);
+    for (size_t j = 0; j < count; ++j) set_done_locked(*tasks[j], false, {}, at::Tensor(), error);
+  }
+  sig.cv.notify_all();
+}
 
 void release_group(DeferredGroup& g) {
   if (g.released.exchange(true)) return;
-  for (auto& t : g.tasks) complete(*t, false, {}, at::Tensor(), "");
+  complete_others(g.tasks, g.tasks.size(), "");
 }
 
 // This thread's last held batch, while its deferred calls wait for the thread's next batching call.
@@ -251,21 +279,9 @@ struct ThreadHolder {
 };
 thread_local ThreadHolder t_holder;
 
-void complete(Task& t, bool holder, std::vector<at::Tensor> batched, at::Tensor index, const std::string& error) {
-  {
-    std::lock_guard<std::mutex> lk(t.mu);
-    t.done = true;
-    t.holder = holder;
-    t.batched = std::move(batched);
-    t.index = std::move(index);
-    t.error = error;
-  }
-  t.done_flag.store(true, std::memory_order_release);
-  t.cv.notify_all();
-}
-
-// Concatenates (and pads) one batch and releases its tasks. Runs on a worker thread, no lock held.
-void process_batch(BatchState& s, Queue& q, Batch& b) {
+// Concatenates (and pads) one batch and releases its tasks. No lock held; `caller` is the task whose
+// thread runs it (nullptr on a worker thread).
+void process_batch(BatchState& s, Queue& q, Batch& b, const Task* caller) {
   const auto started = Clock::now();
   const auto& tasks = b.tasks;
   const int64_t k = static_cast<int64_t>(tasks.size());
@@ -361,17 +377,20 @@ void process_batch(BatchState& s, Queue& q, Batch& b) {
     for (const auto& t : tasks)
       st.add_wait(std::chrono::duration<double, std::micro>(started - t->enqueued).count());
   }
-  for (int64_t j = 0; j < k; ++j) {
-    const bool holder = j == k - 1;
-    if (!error.empty()) {
-      complete(*tasks[j], false, {}, at::Tensor(), error);
-    } else if (holder) {
-      tasks[j]->group = group;  // published to the holder's thread by complete()'s mutex
-      complete(*tasks[j], true, std::move(outs), index, "");
-    } else if (!group) {
-      complete(*tasks[j], false, {}, at::Tensor(), "");
+  Task& holder = *tasks[k - 1];
+  {
+    std::lock_guard<std::mutex> lk(b.sig->mu);
+    for (int64_t j = 0; j < k - 1; ++j)
+      if (!error.empty() || !group) set_done_locked(*tasks[j], false, {}, at::Tensor(), error);
+    if (error.empty()) {
+      holder.group = group;  // published to the holder's thread by the signal's mutex
+      set_done_locked(holder, true, std::move(outs), index, "");
+    } else {
+      set_done_locked(holder, false, {}, at::Tensor(), error);
     }
   }
+  // Nobody to wake when only the holder was completed, on its own thread.
+  if (!(group && caller == &holder)) b.sig->cv.notify_all();
 }
 
 void worker_loop(std::shared_ptr<BatchState> s) {
@@ -432,7 +451,7 @@ void worker_loop(std::shared_ptr<BatchState> s) {
     }
     if (batch) {
       lk.unlock();
-      process_batch(*s, *from, *batch);
+      process_batch(*s, *from, *batch, nullptr);
       batch.reset();
       lk.lock();
       continue;
@@ -565,6 +584,7 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
       task->first = true;
     }
     open->tasks.push_back(task);
+    task->sig = open->sig;
     open->size += task->size;
     task->batch = open;
     task->queue = &q;
@@ -582,13 +602,14 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
     }
   }
   if (inline_batch) {
-    process_batch(*state_, *inline_queue, *inline_batch);
+    process_batch(*state_, *inline_queue, *inline_batch, task.get());
     inline_batch.reset();
   } else if (notify) {
     state_->cv.notify_one();
   }
 
-  std::unique_lock<std::mutex> tl(task->mu);
+  Signal& sig = *task->sig;
+  std::unique_lock<std::mutex> tl(sig.mu);
   // Only the batch's first task ships it at its timeout (the others just wait to be completed).
   bool tried_own = !task->first;
   while (!task->done) {
@@ -612,7 +633,7 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
           if (d.empty()) d.push_back(std::make_shared<Batch>());
         }
       }
-      if (mine) process_batch(*state_, *task->queue, *mine);
+      if (mine) process_batch(*state_, *task->queue, *mine, task.get());
       tl.lock();
       continue;
     }
@@ -622,7 +643,7 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
       const auto spin_from = task->due - std::chrono::microseconds(kSpinMicros);
       if (Clock::now() < spin_from) {
         PreciseTimers precise;
-        task->cv.wait_until(tl, spin_from);
+        sig.cv.wait_until(tl, spin_from);
       } else {
         tl.unlock();
         while (Clock::now() < task->due && !task->done_flag.load(std::memory_order_acquire))
@@ -630,7 +651,7 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
         tl.lock();
       }
     } else
-      task->cv.wait_for(tl, std::chrono::milliseconds(100));
+      sig.cv.wait_for(tl, std::chrono::milliseconds(100));
   }
   TORCH_CHECK(task->error.empty(), task->error);
   BatchOutput out;

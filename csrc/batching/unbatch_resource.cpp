@@ -51,7 +51,7 @@ void UnbatchResource::complete(Waiter& w, at::Tensor value, const std::string& e
 
 at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::Tensor>> pieces,
                                 int64_t timeout_micros) {
-  auto me = std::make_shared<Waiter>();
+  std::shared_ptr<Waiter> me;  // (only made when this call has to wait)
   std::vector<std::pair<std::shared_ptr<Waiter>, at::Tensor>> completions;
   {
     std::unique_lock<std::mutex> lk(mu_);
@@ -70,6 +70,7 @@ at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::T
     }
     // 2. Register as a waiter.
     TORCH_CHECK(waiters_.find(id) == waiters_.end(), "Multiple session runs with the same batch key.");
+    me = std::make_shared<Waiter>();
     me->deadline = deadline;
     waiters_.emplace(id, me);
     // 3. Hand out the pieces of a non-empty batch (completions happen outside the lock).

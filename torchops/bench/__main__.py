@@ -120,7 +120,10 @@ def _set_tf32(on: bool) -> None:
 # one round in which both sides ran back to back, so that a swing of the machine between rounds cancels out.
 REPEATED = {"ratio": "ratio", "ratio_med": "ratio_med", "torchops/clone": "torchops/clone",
             "aten_mul/clone": "aten_mul/clone", "clone_again/clone": "clone_again/clone",
-            "ops_clone/clone": "ops_clone/clone"}
+            "ops_clone/clone": "ops_clone/clone", "speedup": "speedup", "of_ceiling": "of_ceiling",
+            "of_compute_now": "of_compute_now"}
+# Values where more is better (throughput ratios): their worst run is the smallest.
+HIGHER_IS_BETTER = {"speedup", "of_ceiling", "of_compute_now"}
 
 
 def _command(args) -> str:
@@ -151,16 +154,19 @@ def _repeat(args) -> int:
                         for name, key in REPEATED.items():
                             if isinstance(row.get(key), (int, float)):
                                 per_case.setdefault((family, row["case"], name), []).append(row[key])
-    print(f"\n== over {args.repeat} fresh-process runs: median and worst (largest) per case")
+    print(f"\n== over {args.repeat} fresh-process runs: median and worst per case (largest; smallest for "
+          f"{', '.join(sorted(HIGHER_IS_BETTER))})")
     width = max((len(c) for _, c, _ in per_case), default=4)
     print(f"{'case'.ljust(width)}  {'value'.ljust(14)}  median  worst   runs")
     for (family, case, name), values in per_case.items():
         runs = " ".join(f"{v:.2f}" for v in values)
-        print(f"{case.ljust(width)}  {name.ljust(14)}  {statistics.median(values):<6.3f}  {max(values):<6.3f}  {runs}")
+        worst = min(values) if name in HIGHER_IS_BETTER else max(values)
+        print(f"{case.ljust(width)}  {name.ljust(14)}  {statistics.median(values):<6.3f}  {worst:<6.3f}  {runs}")
     if args.json:
         with open(args.json, "w") as f:
-            cases = [{"family": fam, "case": c, "value": n, "median": statistics.median(v), "worst": max(v),
-                      "runs": v} for (fam, c, n), v in per_case.items()]
+            cases = [{"family": fam, "case": c, "value": n, "median": statistics.median(v),
+                      "worst": min(v) if n in HIGHER_IS_BETTER else max(v), "runs": v}
+                     for (fam, c, n), v in per_case.items()]
             json.dump({**markdown.run_metadata(args.device), "command": _command(args), "repeat": args.repeat,
                        "cases": cases}, f, indent=1)
     return 0

@@ -1,7 +1,7 @@
 """Dynamic batching (torchops.nn.Batched = batch -> MLP -> unbatch) vs unbatched calls of the same MLP.
 
 Client threads send 1-row requests back to back for a fixed time; we report throughput and p50/p99
-request latency for 1, 4, 16 and 32 clients, and the batcher's own added latency per request at low
+request latency for 1, 4, 16 and 32 clients (at 16+ clients with num_batch_threads 1 and the core count), and the batcher's own added latency per request at low
 load (1 client: batched minus unbatched median latency; it includes the wait for the batch timeout,
 since a lone client never fills a batch). Targets (issue 4): batched throughput >= 3x unbatched at 16+
 clients; added latency at low load <= batch_timeout_micros + 200 us.
@@ -10,8 +10,10 @@ clients; added latency at low load <= batch_timeout_micros + 200 us.
 that waits on thread wake-ups. A last table gives what the machine allows at all: the compute-only
 ceiling (every core running full batches back to back, nothing else) and the ceiling once the
 hand-off floor is paid (the CPU time per request of a minimal mutex + condition-variable batcher with
-no tensors, measured by the C++ driver's `--handoff` mode), against the measured unbatched rate.
+no tensors, measured by the C++ driver's `--handoff` mode), against the measured unbatched rate, next to the better of the two num_batch_threads settings;
+`of_ceiling` is measured / ceiling throughput, per row.
 """
+import json
 import os
 import statistics
 import subprocess
@@ -111,20 +113,24 @@ def _cpp_driver():
 class _CppModel:
     """A scripted model driven by N C++ threads of a separate libtorch process (no GIL)."""
 
-    def __init__(self, exe, scripted, tmpdir):
+    def __init__(self, exe, scripted, tmpdir, shared_name=""):
         self.exe = exe
+        self.shared_name = shared_name  # (batched models: its queue's statistics come back too)
+        self.stats = None
         self.path = os.path.join(tmpdir, f"{uuid.uuid4().hex}.pt")
         scripted.save(self.path)
 
-    def drive(self, clients, seconds):
+    def drive(self, clients, seconds, rows=1):
         torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")  # libtorch (and libc10_cuda) for the driver
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LD_LIBRARY_PATH=torch_lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
-        p = subprocess.run([self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), str(IN)],
-                           capture_output=True, text=True, timeout=300, env=env)
+        cmd = [self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), str(IN)]
+        p = subprocess.run(cmd + [self.shared_name, str(rows)], capture_output=True, text=True, timeout=300, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"batching bench driver failed: {p.stdout}{p.stderr}")
-        return tuple(float(v) for v in p.stdout.split())
+        lines = p.stdout.splitlines()
+        self.stats = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else None
+        return tuple(float(v) for v in lines[0].split())
 
 
 def _handoff_us(exe, clients, max_batch, seconds):
@@ -137,11 +143,12 @@ def _handoff_us(exe, clients, max_batch, seconds):
     return cpus / rps * 1e6
 
 
-def _ceilings(mlp, exe, rows, seconds):
-    """What this machine allows for the cpp mode's batched runs at 16+ clients (see the module doc)."""
+def _ceilings(mlp, exe, rows, seconds, tmpdir):
+    """What this machine allows for the cpp mode's batched runs at 16+ clients (see the module doc), next to
+    the better measured num_batch_threads setting; adds `of_ceiling` to the throughput rows it covers."""
     cores = len(os.sched_getaffinity(0))
     unbatched = {r["clients"]: r["unbatched_req/s"] for r in rows if r["mode"] == "cpp"}
-    measured = {(r["clients"], r["max_batch"]): r["speedup"] for r in rows if r["mode"] == "cpp"}
+    scripted = _CppModel(exe, torch.jit.script(mlp), tmpdir)
     out = []
     for max_batch in MAX_BATCH:
         x = torch.randn(max_batch, IN)
@@ -151,11 +158,25 @@ def _ceilings(mlp, exe, rows, seconds):
             handoff = _handoff_us(exe, clients, max_batch, seconds)
             compute = in_flight / row_us * 1e6
             with_handoff = min(compute, cores / (row_us + handoff) * 1e6)
-            out.append({"clients": clients, "max_batch": max_batch, "model_us_per_row": row_us,
+            # The same, measured now: batches_at_once C++ threads running full batches of the plain
+            # model back to back (on a shared machine, less than the cores' worth of it).
+            rps, _, _, _ = scripted.drive(in_flight, seconds, rows=max_batch)
+            compute_now = rps * max_batch
+            same = [r for r in rows if r["clients"] == clients and r["max_batch"] == max_batch]
+            for r in same:
+                r["of_ceiling"] = r["batched_req/s"] / with_handoff
+                r["of_compute_now"] = r["batched_req/s"] / compute_now
+            best = max((r for r in same if r["mode"] == "cpp"), key=lambda r: r["batched_req/s"])
+            out.append({"table": "ceiling", "case": f"ceiling c{clients} mb{max_batch}", "clients": clients,
+                        "max_batch": max_batch, "model_us_per_row": row_us,
                         "batches_at_once": in_flight, "handoff_us_per_req": handoff, "compute_ceiling_req/s": compute,
-                        "ceiling_req/s": with_handoff, "unbatched_req/s": unbatched[clients],
-                        "ceiling_speedup": with_handoff / unbatched[clients],
-                        "measured_speedup": measured[(clients, max_batch)]})
+                        "ceiling_req/s": with_handoff, "compute_now_req/s": compute_now,
+                        "unbatched_req/s": unbatched[clients],
+                        "ceiling_speedup": with_handoff / unbatched[clients], "best_nbt": best["nbt"],
+                        "measured_req/s": best["batched_req/s"], "speedup": best["speedup"],
+                        "of_ceiling": best["batched_req/s"] / with_handoff,
+                        "of_compute_now": best["batched_req/s"] / compute_now, "batched_p99_us": best["batched_p99_us"],
+                        "unbatched_p99_us": best["unbatched_p99_us"]})
     return out
 
 
@@ -165,10 +186,10 @@ def _median_drive(fns, clients, seconds, device, rounds):
     for _ in range(rounds):
         for i, fn in enumerate(fns):
             if isinstance(fn, _CppModel):
-                per[i].append(fn.drive(clients, seconds))
+                per[i].append(fn.drive(clients, seconds) + (fn.stats,))
             else:
                 per[i].append(_drive(fn, clients, seconds, device))
-    return [sorted(r)[len(r) // 2] for r in per]
+    return [sorted(r, key=lambda v: v[0])[len(r) // 2] for r in per]
 
 
 def run(args):
@@ -193,28 +214,37 @@ def run(args):
         except Exception as e:  # noqa: BLE001
             print(f"batching: mode 'cpp' skipped (could not build the libtorch driver: {e})")
     tmpdir = tempfile.mkdtemp(prefix="torchops-bench-")
+    cores = len(os.sched_getaffinity(0))
     with torch.no_grad():
         for mode in modes:
             for clients in CLIENTS:
                 direct = mlp if mode == "eager" else torch.jit.script(mlp)
                 if mode == "cpp":
                     direct = _CppModel(exe, direct, tmpdir)
-                batched = []
-                for max_batch in MAX_BATCH:
-                    b = torchops.nn.Batched(mlp, num_batch_threads=1, max_batch_size=max_batch,
-                                            batch_timeout_micros=TIMEOUT_US, shared_name=f"bench/{uuid.uuid4().hex}")
-                    if mode != "eager":
-                        b = torch.jit.script(b)
-                    batched.append(_CppModel(exe, b, tmpdir) if mode == "cpp" else b)
+                # One batch thread, and one per core where several batches can be under way at once.
+                nbts = sorted({1, cores}) if clients >= 16 else [1]
+                configs, batched = [], []
+                for nbt in nbts:
+                    for max_batch in MAX_BATCH:
+                        name = f"bench/{uuid.uuid4().hex}"
+                        b = torchops.nn.Batched(mlp, num_batch_threads=nbt, max_batch_size=max_batch,
+                                                batch_timeout_micros=TIMEOUT_US, shared_name=name)
+                        if mode != "eager":
+                            b = torch.jit.script(b)
+                        configs.append((nbt, max_batch, name))
+                        batched.append(_CppModel(exe, b, tmpdir, name) if mode == "cpp" else b)
                 results = _median_drive([direct] + batched, clients, seconds, device, rounds)
-                tp_u, p50_u, p99_u, cpus_u = results[0]
-                for max_batch, b, (tp_b, p50_b, p99_b, cpus_b) in zip(MAX_BATCH, batched, results[1:]):
-                    row = {"mode": mode, "clients": clients, "max_batch": max_batch, "unbatched_req/s": tp_u,
+                tp_u, p50_u, p99_u, cpus_u = results[0][:4]
+                for (nbt, max_batch, name), b, res in zip(configs, batched, results[1:]):
+                    tp_b, p50_b, p99_b, cpus_b = res[:4]
+                    row = {"table": "throughput", "case": f"{mode} c{clients} mb{max_batch} nbt{nbt}", "mode": mode,
+                           "clients": clients, "max_batch": max_batch, "nbt": nbt, "unbatched_req/s": tp_u,
                            "batched_req/s": tp_b, "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u,
                            "unbatched_p99_us": p99_u, "batched_p50_us": p50_b, "batched_p99_us": p99_b,
                            "unbatched_cpus": cpus_u, "batched_cpus": cpus_b}
-                    if mode != "cpp":  # (the cpp driver's queues live in its own process)
-                        s = torchops.batching.stats(b.shared_name)
+                    # (the cpp driver's queues live in its own process: it reports their statistics)
+                    s = res[4] if mode == "cpp" else torchops.batching.stats(name)
+                    if s:
                         row["mean_batch"] = s["rows"] / max(1, s["batches_formed"])
                         row["queue_wait_p50_us"] = s["queue_wait_us"]["p50"]
                     rows.append(row)
@@ -228,19 +258,19 @@ def run(args):
                 if mode == "script":
                     batched, direct = torch.jit.script(batched), torch.jit.script(mlp)
                 p50_u, p50_b, p99_b = _interleaved_latency(direct, batched, device, 1.0 if args.quick else 2.0)
-                added.append({"mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
+                added.append({"table": "added_latency", "mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
                               "batched_p50_us": p50_b, "batched_p99_us": p99_b, "added_p50_us": p50_b - p50_u,
                               "budget_us": timeout + 200, "met": p50_b - p50_u <= timeout + 200})
-        ceilings = _ceilings(mlp, exe, rows, seconds) if exe is not None else []
+        ceilings = _ceilings(mlp, exe, rows, seconds, tmpdir) if exe is not None else []
     torch.set_num_threads(prev_threads)
     print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
-                f"nn.Batched(max_batch_size=max_batch, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=1) "
+                f"nn.Batched(max_batch_size=max_batch, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=nbt) "
                 f"vs direct calls ({device}; eager = Python threads calling the modules, script = Python threads "
                 f"calling torch.jit.script'ed modules, cpp = C++ threads of a libtorch process calling the scripted "
                 f"modules)", rows,
-                ["mode", "clients", "max_batch", "unbatched_req/s", "batched_req/s", "speedup", "unbatched_p50_us",
-                 "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "unbatched_cpus", "batched_cpus",
-                 "mean_batch", "queue_wait_p50_us"])
+                ["mode", "clients", "max_batch", "nbt", "unbatched_req/s", "batched_req/s", "speedup", "of_ceiling",
+                 "of_compute_now", "unbatched_p50_us", "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "unbatched_cpus",
+                 "batched_cpus", "mean_batch", "queue_wait_p50_us"])
     print_table("batching: added latency per request at low load (1 client alternating direct and batched "
                 "calls, medians)", added,
                 ["mode", "batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "batched_p99_us", "added_p50_us",
@@ -249,9 +279,12 @@ def run(args):
         print_table(f"batching: what this machine allows ({len(os.sched_getaffinity(0))} cores; cpp mode's "
                     "unbatched rate as the baseline; model_us_per_row: the MLP on one max_batch-row batch, one "
                     "thread; ceiling = min(batches_at_once / model time per row, cores / (model time per row + "
-                    "hand-off floor per request))", ceilings,
+                    "hand-off floor per request)); measured: the cpp mode's better num_batch_threads (best_nbt); "
+                    "of_ceiling = measured / ceiling; compute_now: batches_at_once threads running full batches of the "
+                    "plain model, measured now)", ceilings,
                     ["clients", "max_batch", "model_us_per_row", "batches_at_once", "handoff_us_per_req",
-                     "compute_ceiling_req/s", "ceiling_req/s", "unbatched_req/s", "ceiling_speedup",
-                     "measured_speedup"])
+                     "compute_ceiling_req/s", "ceiling_req/s", "unbatched_req/s", "ceiling_speedup", "best_nbt",
+                     "measured_req/s", "speedup", "of_ceiling", "compute_now_req/s", "of_compute_now", "unbatched_p99_us",
+                     "batched_p99_us"])
     torchops.batching.close_all()
-    return {"throughput": rows, "added_latency": added, "ceilings": ceilings}
+    return rows + added + ceilings

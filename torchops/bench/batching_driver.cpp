@@ -3,12 +3,15 @@
 // 1-row requests from N C++ threads for a fixed time (the "TorchScript model served from many C++
 // threads" use case, without the Python GIL). Prints: requests_per_s p50_us p99_us cpus_busy
 // (cpus_busy: the process's CPU time / wall time; below the core count = threads waiting, not working).
+// Optional: the model's batching queue (its statistics are printed as a second line) and the rows per
+// request (default 1; the bench's compute ceiling runs full batches of the plain model).
 //
 // `--handoff clients batch seconds`: the hand-off floor of this machine, with no torch at all: N threads
 // form batches of `batch` requests through one mutex and a condition variable per batch (the batch's
 // last arrival wakes the others), the least any batcher whose callers block must pay. Prints:
 // requests_per_s 0 0 cpus_busy.
 #include <ATen/Parallel.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/script.h>
 
 #include <dlfcn.h>
@@ -84,7 +87,7 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::strcmp(argv[1], "--handoff") == 0)
     return handoff(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]));
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds in_features\n", argv[0]);
+    std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds in_features [shared_name|\"\" [rows]]\n", argv[0]);
     return 2;
   }
   if (!dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL)) {
@@ -97,6 +100,7 @@ int main(int argc, char** argv) {
   const int clients = std::atoi(argv[3]);
   const double seconds = std::atof(argv[4]);
   const int64_t in_features = std::atoll(argv[5]);
+  const int64_t rows = argc >= 8 ? std::atoll(argv[7]) : 1;
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, stop{false};
   std::vector<std::vector<double>> lat(clients);
@@ -105,7 +109,7 @@ int main(int argc, char** argv) {
     pool.emplace_back([&, i] {
       torch::NoGradGuard no_grad;
       at::set_num_threads(1);  // OpenMP's thread count is per thread
-      auto x = torch::randn({1, in_features});
+      auto x = torch::randn({rows, in_features});
       model.forward({x});
       ++ready;
       while (!go) std::this_thread::yield();
@@ -132,5 +136,12 @@ int main(int argc, char** argv) {
   if (all.empty()) return 1;
   auto pct = [&](double q) { return all[std::min(all.size() - 1, static_cast<size_t>(q * (all.size() - 1) + 0.5))]; };
   std::printf("%f %f %f %f\n", all.size() / elapsed, pct(0.5), pct(0.99), cpus_busy);
+  if (argc >= 7 && argv[6][0] != '\0') {
+    // Second line: the statistics of the model's batching queue (shared_name argv[6]), as JSON.
+    auto stats = c10::Dispatcher::singleton()
+                     .findSchemaOrThrow("torchops::_batching_stats", "")
+                     .typed<std::string(c10::string_view, c10::string_view, c10::string_view)>();
+    std::printf("%s\n", stats.call("", argv[6], "").c_str());
+  }
   return 0;
 }
