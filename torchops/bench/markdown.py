@@ -12,8 +12,9 @@ from typing import Dict, List
 
 # Diagnostic columns of single runs that a reference table leaves out (they explain a number, they are not one).
 _DIAGNOSTIC = ("faults", "blocks", "clone", "aten_mul", "ratio_min", "ratio_max", "GB/s", "cpus")
-# Summary values of `--repeat` runs shown in the table (the others are FusedBatchNorm's floor diagnostics).
-_REPEAT_VALUES = ("ratio", "ratio_med")
+# Summary values of `--repeat` runs shown in the table: ratios, and batching's throughput ratios (the others
+# are diagnostics).
+_REPEAT_VALUES = ("ratio", "ratio_med", "speedup", "of_ceiling", "of_compute_now")
 
 
 def machine_description() -> str:
