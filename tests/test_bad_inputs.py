@@ -143,6 +143,13 @@ OPS = {
     "block_lstm_v2": block_lstm_args,
     "block_lstm_grad": lambda: dict(block_lstm_grad_args(), use_peephole=False),
     "block_lstm_grad_v2": lambda: dict(block_lstm_grad_args(), use_peephole=False),
+    # the internal backward ops of the autograd formulas (optional gradients may be None)
+    "_gru_block_cell_backward": lambda: dict({k: v for k, v in gru_cell_grad_args().items() if k not in
+                                              ("b_ru", "b_c", "d_h")}, d_r=None, d_u=None, d_c=None, d_h=r(B, C)),
+    "_lstm_block_cell_backward": lambda: dict(lstm_cell_grad_args(), i_grad=None, f_grad=None, o_grad=None,
+                                              ci_grad=None, co_grad=None, use_peephole=False),
+    "_block_lstm_backward": lambda: dict(block_lstm_grad_args(), i_grad=None, f_grad=None, o_grad=None,
+                                         ci_grad=None, co_grad=None, use_peephole=False, ifco=True),
     "fused_batch_norm_v3": fbn_args,
     "fused_batch_norm_grad_v3": fbn_grad_args,
     "cudnn_rnn": crnn_args,
@@ -158,6 +165,9 @@ OPS = {
 }
 
 ALLOWED = {
+    # optional gradients of the internal backward ops: None means zero
+    *{(op, g, "none") for op in ("_lstm_block_cell_backward", "_block_lstm_backward") for g in ("cs_grad", "h_grad")},
+    ("_gru_block_cell_backward", "d_h", "none"),
     # seq_len_max may be on any device and is read as a value: a wider or narrower one is only a dtype
     # question (int64 required, tested); reserve_space_3 is an unused placeholder of any shape and dtype.
     ("fused_batch_norm_grad_v3", "reserve_space_3", "rank_up"),
@@ -203,6 +213,8 @@ def expected_name(op, arg, mut):
         name = rf"{name}|{SIZE_ALIASES[arg]}"
     if mut == "size" and op in GRU_OPS and arg == "h_prev":
         name = rf"{name}|cell_size"  # (the GRU ops take cell_size from h_prev)
+    if mut == "size" and op == "_gru_block_cell_backward" and arg in ("x", "h_prev"):
+        name = rf"{name}|w_ru must have shape"  # (its sizes come from x and h_prev; w_ru is checked against them)
     if mut == "meta":
         # a meta tensor beside CPU tensors runs the fake kernel: it names the device mismatch, so the
         # message may name the reference argument instead
