@@ -168,8 +168,7 @@ ALLOWED = {
     # optional gradients of the internal backward ops: None means zero
     *{(op, g, "none") for op in ("_lstm_block_cell_backward", "_block_lstm_backward") for g in ("cs_grad", "h_grad")},
     ("_gru_block_cell_backward", "d_h", "none"),
-    # seq_len_max may be on any device and is read as a value: a wider or narrower one is only a dtype
-    # question (int64 required, tested); reserve_space_3 is an unused placeholder of any shape and dtype.
+    # reserve_space_3 is an unused placeholder of any shape and dtype
     ("fused_batch_norm_grad_v3", "reserve_space_3", "rank_up"),
     ("fused_batch_norm_grad_v3", "reserve_space_3", "rank_down"),
     ("fused_batch_norm_grad_v3", "reserve_space_3", "dtype"),
@@ -186,8 +185,6 @@ ALLOWED = {
     # training with exponential_avg_factor 1 does not read the running statistics (TF: may be empty)
     ("fused_batch_norm_v3", "mean", "size"),
     ("fused_batch_norm_v3", "variance", "size"),
-    # x's channels-last dim grows with "size": the other vectors then mismatch it (still an error), but a
-    # rank change of x is what the rank mutations test
 }
 
 # how the message names each argument when it is not the argument's own name
