@@ -3,6 +3,7 @@
 // and slicing, so every device works; the autograd at the Autograd key is CPU-only).
 // The stateful resources live in csrc/batching/.
 #include "batching/batching.h"
+#include "common/arg_checks.h"
 
 #include <ATen/core/Tensor.h>
 #include <ATen/EmptyTensor.h>
@@ -228,6 +229,8 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tens
     int64_t grad_timeout_micros, int64_t max_enqueued_batches, at::IntArrayRef allowed_batch_sizes,
     c10::string_view container, c10::string_view shared_name, c10::string_view batching_queue,
     const std::vector<std::string>& unbatch_names, int64_t unbatch_timeout_micros) {
+  TORCH_CHECK_VALUE(unbatch_timeout_micros >= 0, "unbatch_timeout_micros must be non-negative; was ",
+                    unbatch_timeout_micros);
   auto [batched, index, id] = batch_kernel(in_tensors, num_batch_threads, max_batch_size, batch_timeout_micros,
                                            grad_timeout_micros, max_enqueued_batches, allowed_batch_sizes, container,
                                            shared_name, batching_queue);
@@ -244,6 +247,10 @@ at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tenso
                                const at::Tensor& id, c10::string_view container, c10::string_view shared_name,
                                int64_t timeout_micros) {
   InFlight in_flight;
+  check_defined(original_input, "original_input");
+  check_defined(batch_index, "batch_index");
+  check_defined(grad, "grad");
+  check_defined(id, "id");
   TORCH_CHECK_VALUE(id.dim() == 0, "Expected `id` to be scalar. Received ", debug_string(id));
   TORCH_CHECK_VALUE(grad.dim() >= 1, "UnbatchGrad: grad must have at least one dimension, got shape ", grad.sizes());
   TORCH_CHECK_VALUE(batch_index.scalar_type() == at::kLong, "UnbatchGrad: batch_index must be int64, got ",
@@ -254,10 +261,49 @@ at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tenso
   const at::Tensor idx = cpu_contiguous(batch_index);
   if (idx.dim() == 2 && idx.size(1) == 3) check_unique_ids(idx.const_data_ptr<int64_t>(), idx.size(0), "UnbatchGrad");
   const int64_t my = scalar_id(id);
+  // The holder (the invocation whose original_input is the batch): validate the index against the batch
+  // and its own gradient against its row (O(K)).
+  int64_t rows_total = -1;
+  if (original_input.numel() > 0) {
+    TORCH_CHECK_VALUE(original_input.dim() >= 1, "UnbatchGrad: original_input must have at least one dimension, got "
+                      "shape ", original_input.sizes());
+    TORCH_CHECK_VALUE(idx.numel() > 0, "batch_index is empty while the tensor isn't.");
+    const int64_t rows = idx.dim() > 0 ? idx.size(0) : 1;
+    TORCH_CHECK_VALUE(idx.numel() == rows * 3, "batch_index should contain ", rows * 3, " elements. Received ",
+                      idx.numel());
+    TORCH_CHECK_VALUE(idx.dim() == 2 && idx.size(1) == 3, "UnbatchGrad: batch_index must have shape [K, 3], got ",
+                      idx.sizes());
+    const int64_t d0 = original_input.size(0), k = idx.size(0);
+    const int64_t* p = idx.const_data_ptr<int64_t>();
+    int64_t total = 0, own = -1;
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t start = p[3 * j + 1], end = p[3 * j + 2];
+      TORCH_CHECK_VALUE(start >= 0 && start <= end && end <= d0, "UnbatchGrad: batch_index row ", j, " = [", p[3 * j],
+                        ", ", start, ", ", end, "] must have 0 <= start <= end <= original_input.size(0) = ", d0);
+      total += end - start;  // (each term <= d0: no overflow before the check below)
+      TORCH_CHECK_VALUE(total <= d0, "UnbatchGrad: the rows of batch_index (", total, " after row ", j,
+                        ") exceed original_input.size(0) = ", d0);
+      if (p[3 * j] == my) own = end - start;
+    }
+    TORCH_CHECK_VALUE(own >= 0, "UnbatchGrad: batch_index has no row for id ", my);
+    std::vector<int64_t> want(original_input.sizes().begin(), original_input.sizes().end());
+    want[0] = own;
+    TORCH_CHECK_VALUE(grad.sizes() == at::IntArrayRef(want), "UnbatchGrad: grad of id ", my, " must have shape ",
+                      at::IntArrayRef(want), " (its batch_index row and original_input's trailing dimensions), got ",
+                      grad.sizes());
+    rows_total = total;
+  }
   t_abandoned.fire();
   on_batching_call(nullptr);
   auto res = get_or_create_unbatch_grad(container, shared_name);
-  return res->run(original_input, idx, grad, my, timeout_micros);
+  at::Tensor out = res->run(original_input, idx, grad, my, timeout_micros);
+  // The other invocations' gradients, concatenated: as many rows as batch_index says, original_input's trailing shape.
+  TORCH_CHECK_VALUE(rows_total < 0 || (out.dim() == original_input.dim() && out.size(0) == rows_total &&
+                                       out.sizes().slice(1) == original_input.sizes().slice(1)),
+                    "UnbatchGrad: the gradients of the batch's invocations concatenate to shape ", out.sizes(),
+                    ", but batch_index and original_input (shape ", original_input.sizes(), ") say ", rows_total,
+                    " rows of shape ", original_input.sizes().slice(1));
+  return out;
 }
 
 // Python-side helpers (no tensors; not traced by torch.compile).

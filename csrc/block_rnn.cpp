@@ -5,6 +5,7 @@
 // of a sequence are GEMMs over all steps at once after the time loop. Cells are sequences of length 1.
 // Outputs and workspaces are allocated once per call; the loops write into slices.
 #include "block_rnn.h"
+#include "common/arg_checks.h"
 #include "common/block_rnn_math.h"
 #include "rnn_util.h"
 
@@ -18,6 +19,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <limits>
 #include <optional>
@@ -37,6 +39,17 @@ using rnn_util::StepGemm;
 // ------------------------------------------------------------------------------------------------
 // validation helpers
 // ------------------------------------------------------------------------------------------------
+// Non-optional tensor arguments passed as None arrive undefined.
+void need(std::initializer_list<std::pair<const at::Tensor*, const char*>> ts) {
+  for (const auto& t : ts) check_defined(*t.first, t.second);
+}
+
+// NaN or infinite attributes would make every output NaN.
+void check_lstm_attrs(double forget_bias, double cell_clip) {
+  TORCH_CHECK_VALUE(std::isfinite(forget_bias), "forget_bias must be finite, got ", forget_bias);
+  TORCH_CHECK_VALUE(!std::isnan(cell_clip), "cell_clip must be a number (<= 0: no clipping), got ", cell_clip);
+}
+
 void check_float(const at::Tensor& x, const char* name) {
   const auto t = x.scalar_type();
   TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, name,
@@ -44,6 +57,7 @@ void check_float(const at::Tensor& x, const char* name) {
 }
 
 void check_like(const at::Tensor& x, const at::Tensor& t, const char* name) {
+  check_defined(t, name);
   TORCH_CHECK(t.scalar_type() == x.scalar_type(), name, " must have the same dtype as x (", x.scalar_type(),
               "), got ", t.scalar_type());
   TORCH_CHECK(t.device() == x.device(), name, " must be on the same device as x (", x.device(), "), got ",
@@ -51,6 +65,7 @@ void check_like(const at::Tensor& x, const at::Tensor& t, const char* name) {
 }
 
 void check_shape(const at::Tensor& t, at::IntArrayRef want, const char* name) {
+  check_defined(t, name);
   TORCH_CHECK(t.sizes() == want, name, " must have shape ", want, ", got ", t.sizes());
 }
 
@@ -77,6 +92,7 @@ int64_t read_seq_len_max(const at::Tensor& s, int64_t T) {
 // The sequence ops accept seq_len_max on any device, so a CUDA seq_len_max beside CPU data dispatches
 // to the CUDA kernels (and vice versa would not): refuse rather than run them on host memory.
 void check_backend(const at::Tensor& x, const Kernels& k) {
+  check_defined(x, "x");
   TORCH_CHECK(x.device().type() == k.device, "x is on ", x.device(), " but another argument is on ",
               c10::DeviceTypeName(k.device, /*lower_case=*/true),
               ": every tensor must be on x's device, except seq_len_max, which may also be on the CPU");
@@ -149,6 +165,7 @@ void check_gru_h_prev_and_weights(const at::Tensor& x, const at::Tensor& h_prev,
 
 Dims check_gru_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
                     const at::Tensor& b_ru, const at::Tensor& b_c) {
+  need({{&x, "x"}, {&h_prev, "h_prev"}, {&w_ru, "w_ru"}, {&w_c, "w_c"}, {&b_ru, "b_ru"}, {&b_c, "b_c"}});
   TORCH_CHECK(x.dim() == 2, "Rank of x must be 2, got ", x.dim());
   TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
   check_float(x, "x");
@@ -158,6 +175,7 @@ Dims check_gru_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Ten
 }
 
 void check_gru_state(const at::Tensor& x, const at::Tensor& t, const Dims& d, const char* name) {
+  check_defined(t, name);
   TORCH_CHECK(t.dim() == 2, "Rank of ", name, " must be 2, got ", t.dim());
   TORCH_CHECK(t.size(0) == d.B, name, ".dims(0) != batch_size: ", t.size(0), " vs. ", d.B);
   TORCH_CHECK(t.size(1) == d.C, name, ".dims(1) != cell_size: ", t.size(1), " vs. ", d.C);
@@ -166,6 +184,8 @@ void check_gru_state(const at::Tensor& x, const at::Tensor& t, const Dims& d, co
 
 Dims check_block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& h_prev,
                      const at::Tensor& w_ru, const at::Tensor& w_c, const at::Tensor& b_ru, const at::Tensor& b_c) {
+  need({{&seq_len_max, "seq_len_max"}, {&x, "x"}, {&h_prev, "h_prev"}, {&w_ru, "w_ru"}, {&w_c, "w_c"},
+        {&b_ru, "b_ru"}, {&b_c, "b_c"}});
   TORCH_CHECK(seq_len_max.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", seq_len_max.dim());
   TORCH_CHECK(x.dim() == 3, "x must be 3D, got rank ", x.dim());
   TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
@@ -328,6 +348,7 @@ void zero_gru_grads(GruGrads& g, int64_t L) {
 // LSTM validation
 // ------------------------------------------------------------------------------------------------
 void check_rank_cell(const at::Tensor& t, int64_t rank, const char* name) {
+  check_defined(t, name);
   TORCH_CHECK(t.dim() == rank, name, "_tensor must be rank ", rank, " but is rank ", t.dim(), ".");
 }
 
@@ -352,8 +373,12 @@ Dims check_lstm_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::T
   check_rank_cell(wco, 1, "wco");
   check_rank_cell(b, 1, "b");
   check_float(x, "x");
-  Dims d{x.size(0), x.size(1), cs_prev.size(1)};
+  // cell_size from w's columns (which must be 4 * cell_size), so that a bad cs_prev or h_prev is named.
+  TORCH_CHECK(w.size(1) % 4 == 0, "w.dim_size(1) must be a multiple of 4 (4 * cell_size), got ", w.size(1));
+  Dims d{x.size(0), x.size(1), w.size(1) / 4};
   TORCH_CHECK(cs_prev.size(0) == d.B, "cs_prev.dims(0) != batch_size: ", cs_prev.size(0), " vs. ", d.B);
+  TORCH_CHECK(cs_prev.size(1) == d.C, "cs_prev.dims(1) != cell_size (w.dim_size(1) / 4): ", cs_prev.size(1),
+              " vs. ", d.C);
   TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
   TORCH_CHECK(h_prev.size(1) == d.C, "h_prev.dims(1) != cell_size: ", h_prev.size(1), " vs. ", d.C);
   TORCH_CHECK(w.size(0) == d.I + d.C, "w.dim_size(0) != input_size + cell_size: ", w.size(0), " vs. ", d.I + d.C);
@@ -369,6 +394,7 @@ Dims check_lstm_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::T
 }
 
 void check_lstm_cell_state(const at::Tensor& x, const at::Tensor& t, const Dims& d, const char* name) {
+  check_defined(t, name);
   check_rank_cell(t, 2, name);
   TORCH_CHECK(t.size(0) == d.B, name, ".dim_size(0) != batch_size: ", t.size(0), " vs. ", d.B);
   TORCH_CHECK(t.size(1) == d.C, name, ".dim_size(1) != cell_size: ", t.size(1), " vs. ", d.C);
@@ -376,6 +402,7 @@ void check_lstm_cell_state(const at::Tensor& x, const at::Tensor& t, const Dims&
 }
 
 void check_lstm_cell_grad_in(const at::Tensor& x, const at::Tensor& t, const Dims& d, const char* name) {
+  check_defined(t, name);
   check_rank_cell(t, 2, name);
   TORCH_CHECK(t.size(0) == d.B, name, "_tensor.dims(0) != batch_size: ", t.size(0), " vs. ", d.B);
   TORCH_CHECK(t.size(1) == d.C, name, "_tensor.dims(1) != cell_size: ", t.size(1), " vs. ", d.C);
@@ -389,17 +416,23 @@ struct SeqDims {
 SeqDims check_block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tensor& cs_prev,
                          const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
                          const at::Tensor& wco, const at::Tensor& b) {
+  need({{&seq_len_max, "seq_len_max"}, {&x, "x"}, {&cs_prev, "cs_prev"}, {&h_prev, "h_prev"}, {&w, "w"},
+        {&wci, "wci"}, {&wcf, "wcf"}, {&wco, "wco"}, {&b, "b"}});
   TORCH_CHECK(seq_len_max.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", seq_len_max.dim());
   TORCH_CHECK(x.dim() == 3, "x must be 3D, got rank ", x.dim());
   check_float(x, "x");
   SeqDims d{x.size(0), x.size(1), x.size(2), 0};
   TORCH_CHECK(cs_prev.dim() == 2, "cs_prev must be 2D, got rank ", cs_prev.dim());
-  d.C = cs_prev.size(1);
-  TORCH_CHECK(cs_prev.size(0) == d.B, "cs_prev.dims(0) != batch_size: ", cs_prev.size(0), " vs. ", d.B);
   TORCH_CHECK(h_prev.dim() == 2, "h_prev must be 2D, got rank ", h_prev.dim());
+  TORCH_CHECK(w.dim() == 2, "w must be 2D, got rank ", w.dim());
+  // cell_size from w's columns (4 * cell_size), so that a bad cs_prev or h_prev is the one named
+  TORCH_CHECK(w.size(1) % 4 == 0, "w.dim_size(1) must be a multiple of 4 (4 * cell_size), got ", w.size(1));
+  d.C = w.size(1) / 4;
+  TORCH_CHECK(cs_prev.size(0) == d.B, "cs_prev.dims(0) != batch_size: ", cs_prev.size(0), " vs. ", d.B);
+  TORCH_CHECK(cs_prev.size(1) == d.C, "cs_prev.dims(1) != cell_size (w.dim_size(1) / 4): ", cs_prev.size(1), " vs. ",
+              d.C);
   TORCH_CHECK(h_prev.size(0) == d.B, "h_prev.dims(0) != batch_size: ", h_prev.size(0), " vs. ", d.B);
   TORCH_CHECK(h_prev.size(1) == d.C, "h_prev.dims(1) != cell_size: ", h_prev.size(1), " vs. ", d.C);
-  TORCH_CHECK(w.dim() == 2, "w must be 2D, got rank ", w.dim());
   TORCH_CHECK(w.size(0) == d.I + d.C, "w.dim_size(0) != input_size + cell_size: ", w.size(0), " vs. ", d.I + d.C);
   TORCH_CHECK(w.size(1) == d.C * 4, "w.dim_size(1) != cell_size * 4: ", w.size(1), " vs. ", d.C * 4);
   TORCH_CHECK(wci.dim() == 1, "wci must be 1D, got rank ", wci.dim());
@@ -419,6 +452,9 @@ SeqDims check_block_lstm_grad(const at::Tensor& seq_len_max, const at::Tensor& x
                               const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
                               const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
                               const std::vector<std::pair<const at::Tensor*, const char*>>& seq, bool tf_grad_op) {
+  need({{&seq_len_max, "seq_len_max"}, {&x, "x"}, {&cs_prev, "cs_prev"}, {&h_prev, "h_prev"}, {&w, "w"},
+        {&wci, "wci"}, {&wcf, "wcf"}, {&wco, "wco"}, {&b, "b"}});
+  for (const auto& p : seq) check_defined(*p.first, p.second);
   TORCH_CHECK(seq_len_max.dim() == 0, "`seq_len_max_tensor` must be rank 0 but is rank ", seq_len_max.dim());
   TORCH_CHECK(x.dim() == 3, "x must be rank 3 but is rank ", x.dim());
   TORCH_CHECK(cs_prev.dim() == 2, "cs_prev must be rank 2 but is rank ", cs_prev.dim());
@@ -431,7 +467,8 @@ SeqDims check_block_lstm_grad(const at::Tensor& seq_len_max, const at::Tensor& x
   TORCH_CHECK(w.size(1) % 4 == 0 && (w.size(1) > 0 || !tf_grad_op),
               "w matrix columns must be a positive multiple of 4, but got ", w.size(1));
   d.C = w.size(1) / 4;
-  TORCH_CHECK(w.size(0) == d.I + d.C, "w matrix rows don't match: ", d.I + d.C, " vs. ", w.size(0));
+  TORCH_CHECK(w.size(0) == d.I + d.C, "w matrix rows don't match: ", d.I + d.C, " vs. ", w.size(0),
+              " (w must have input_size + cell_size rows: x.dim_size(2) + w.dim_size(1) / 4)");
   TORCH_CHECK(wci.dim() == 1, "wci must be rank 1 but is rank ", wci.dim());
   TORCH_CHECK(wcf.dim() == 1, "wcf must be rank 1 but is rank ", wcf.dim());
   TORCH_CHECK(wco.dim() == 1, "wco must be rank 1 but is rank ", wco.dim());
@@ -686,6 +723,7 @@ T4 gru_block_cell_grad(const at::Tensor& x, const at::Tensor& h_prev, const at::
 T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
                            const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
                            const OptT& d_r, const OptT& d_u, const OptT& d_c, const OptT& d_h, const Kernels& k) {
+  need({{&x, "x"}, {&h_prev, "h_prev"}, {&w_ru, "w_ru"}, {&w_c, "w_c"}, {&r, "r"}, {&u, "u"}, {&c, "c"}});
   TORCH_CHECK(x.dim() == 2, "Rank of x must be 2, got ", x.dim());
   TORCH_CHECK(h_prev.dim() == 2, "Rank of h_prev must be 2, got ", h_prev.dim());
   check_float(x, "x");
@@ -781,6 +819,7 @@ T6 block_gru_grad(const at::Tensor& seq_len_max, const at::Tensor& x, const at::
 T7 lstm_block_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Tensor& h_prev, const at::Tensor& w,
                    const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
                    double forget_bias, double cell_clip, bool use_peephole, const Kernels& k) {
+  check_lstm_attrs(forget_bias, cell_clip);
   const Dims d = check_lstm_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b);
   LstmOuts o = alloc_lstm_outs(1, d.B, d.C, x.options());
   lstm_forward_core(x.contiguous().unsqueeze(0), cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(),
@@ -856,6 +895,7 @@ T7 block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tens
               const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf,
               const at::Tensor& wco, const at::Tensor& b, double forget_bias, double cell_clip, bool use_peephole,
               bool ifco, const Kernels& k) {
+  check_lstm_attrs(forget_bias, cell_clip);
   check_backend(x, k);
   const SeqDims d = check_block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b);
   const int64_t L = read_seq_len_max(seq_len_max, d.T);

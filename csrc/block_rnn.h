@@ -189,6 +189,8 @@ struct Impls {
                             const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci,
                             const at::Tensor& co, const at::Tensor& h, const at::Tensor& cs_grad,
                             const at::Tensor& h_grad, bool use_peephole) {
+    TORCH_CHECK_VALUE(cs_grad.defined(), "cs_grad must be a tensor, got None");
+    TORCH_CHECK_VALUE(h_grad.defined(), "h_grad must be a tensor, got None");
     return ::torchops::brnn::block_lstm_backward(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h,
                                                  cs_grad, h_grad, OptT(), OptT(), OptT(), OptT(), OptT(),
                                                  use_peephole, IFCO, /*tf_grad_op=*/true, K);

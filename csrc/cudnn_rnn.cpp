@@ -8,6 +8,7 @@
 // kept in reserve_space; weight gradients are GEMMs over all steps after the time loop. float16 and
 // bfloat16 compute in float32 (their reserve_space is the float32 buffer, bit-packed).
 #include "cudnn_rnn.h"
+#include "common/arg_checks.h"
 #include "rnn_util.h"
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -143,6 +144,24 @@ Layout make_layout(const Cfg& c) {
   return lay;
 }
 
+// The params size of a configuration in closed form and checked arithmetic (equals make_layout(c).size),
+// so that sizes are validated before any per-layer bookkeeping is built.
+int64_t params_size_of(const Cfg& c) {
+  const char* w = "the params size (CudnnRNNParamsSize) of this configuration";
+  const int64_t GH = checked_mul(c.G, c.H, w);
+  int64_t per_dir = checked_mul(GH, c.skip ? 0 : c.I, w);  // layer 0's input matrices
+  per_dir = checked_add(per_dir, checked_mul(checked_mul(GH, checked_mul(c.D, c.O, w), w), c.L - 1, w), w);
+  const int64_t rec = checked_add(checked_mul(GH, c.O, w), checked_mul(c.P, c.H, w), w);  // R (+ projection)
+  per_dir = checked_add(per_dir, checked_mul(rec, c.L, w), w);
+  per_dir = checked_add(per_dir, checked_mul(GH, checked_mul(2, c.L, w) - (c.skip ? 1 : 0), w), w);  // b_W, b_R
+  return checked_mul(per_dir, c.D, w);
+}
+
+// TF passes num_layers, num_units and input_size as int32 tensors.
+void check_int32_size(int64_t v, const char* name) {
+  TORCH_CHECK_VALUE(v <= std::numeric_limits<int32_t>::max(), name, " must be <= 2147483647 (int32), got ", v);
+}
+
 // Configuration of the size/converter ops from their int inputs and attrs (torchops' own checks).
 Cfg model_cfg(int64_t num_layers, int64_t num_units, int64_t input_size, Str rnn_mode, Str input_mode, Str direction,
               double dropout, int64_t num_proj) {
@@ -159,6 +178,9 @@ Cfg model_cfg(int64_t num_layers, int64_t num_units, int64_t input_size, Str rnn
   TORCH_CHECK(num_proj == 0 || c.mode == kLstm, "num_proj > 0 is only supported with rnn_mode 'lstm', got num_proj ",
               num_proj, " with rnn_mode '", std::string(rnn_mode), "'");
   TORCH_CHECK(num_proj <= num_units, "num_proj must be <= num_units (", num_units, "), got ", num_proj);
+  check_int32_size(num_layers, "num_layers");
+  check_int32_size(num_units, "num_units");
+  check_int32_size(input_size, "input_size");
   c.L = num_layers;
   c.H = num_units;
   c.I = input_size;
@@ -178,6 +200,7 @@ std::vector<int64_t> state_shape(bool tm, int64_t ld, int64_t B, int64_t n) {
 }
 
 void check_like(const Tensor& x, const Tensor& t, const char* name) {
+  check_defined(t, name);
   TORCH_CHECK(t.scalar_type() == x.scalar_type(), name, " must have the same dtype as input (", x.scalar_type(),
               "), got ", t.scalar_type());
   TORCH_CHECK(t.device() == x.device(), name, " must be on the same device as input (", x.device(), "), got ",
@@ -193,8 +216,15 @@ Cfg check_forward(const Tensor& input, const Tensor& input_h, const Tensor& inpu
   const int im = parse_input_mode(input_mode);
   c.D = parse_direction(direction);
   check_dropout(dropout);
-  TORCH_CHECK(input.dim() == 3, "RNN input must be a 3-D vector.");
-  TORCH_CHECK(input_h.dim() == 3, "RNN input_h must be a 3-D vector.");
+  check_defined(input, "input");
+  check_defined(input_h, "input_h");
+  check_defined(input_c, "input_c");
+  check_defined(params, "params");
+  if (has_lens) check_defined(lens, "sequence_lengths");
+  TORCH_CHECK(input.dim() == 3, "RNN input must be a 3-D vector, got rank ", input.dim(), " (shape ", input.sizes(),
+              ")");
+  TORCH_CHECK(input_h.dim() == 3, "RNN input_h must be a 3-D vector, got rank ", input_h.dim(), " (shape ",
+              input_h.sizes(), ")");
   TORCH_CHECK(is_float(input.scalar_type()), "input must be float32, float64, float16 or bfloat16, got ",
               input.scalar_type());
   TORCH_CHECK(input.device().type() == k.device, "input is on ", input.device(), " but another argument is on ",
@@ -205,8 +235,8 @@ Cfg check_forward(const Tensor& input, const Tensor& input_h, const Tensor& inpu
   c.L = input_h.size(tm ? 0 : 1) / c.D;
   const int64_t o = input_h.size(2);
   const auto want_h = state_shape(tm, c.D * c.L, c.B, o);
-  TORCH_CHECK(input_h.sizes() == at::IntArrayRef(want_h), "Invalid input_h shape: ", input_h.sizes(), " ",
-              at::IntArrayRef(want_h));
+  TORCH_CHECK(input_h.sizes() == at::IntArrayRef(want_h), "Invalid input_h shape: expected ",
+              at::IntArrayRef(want_h), ", got ", input_h.sizes());
   TORCH_CHECK(c.L >= 1, "Invalid input_h shape: ", input_h.sizes(), ": num_layers (input_h.dim(",
               tm ? 0 : 1, ") / num_dirs) must be >= 1");
   if (c.mode == kLstm) {
@@ -218,27 +248,35 @@ Cfg check_forward(const Tensor& input, const Tensor& input_h, const Tensor& inpu
     } else {
       TORCH_CHECK(input_h.size(2) == num_proj && input_h.size(2) <= input_c.size(2) &&
                       input_h.size(0) == input_c.size(0) && input_h.size(1) == input_c.size(1),
-                  "Invalid input_h and input_c w/ projection size: ", num_proj, " ", input_h.sizes(), " ",
-                  input_c.sizes());
+                  "Invalid input_h and input_c w/ projection size: num_proj ", num_proj, ", input_h ",
+                  input_h.sizes(), ", input_c ", input_c.sizes(),
+                  " (input_h.dim(2) must be num_proj, at most input_c.dim(2); the other dims equal)");
     }
     c.H = input_c.size(2);
     c.P = num_proj;
     c.O = num_proj > 0 ? num_proj : c.H;
-    check_like(input, input_c, "input_c");
   } else {
     TORCH_CHECK(num_proj == 0, "num_proj > 0 is only supported with rnn_mode 'lstm', got num_proj ", num_proj);
     c.H = c.O = o;
   }
+  // (input_c is ignored without lstm, but its dtype and device take part in dispatch)
+  check_like(input, input_c, "input_c");
   TORCH_CHECK(c.H >= 1, "num_units (the state width) must be >= 1, got ", c.H);
   c.skip = resolve_skip(im, c.I, c.H);
   TORCH_CHECK(params.dim() == 1, "params must be a 1-D tensor, got rank ", params.dim());
-  const int64_t size = make_layout(c).size;
-  TORCH_CHECK(params.numel() >= size, "params has ", params.numel(), " elements, but this configuration needs ", size,
-              " (CudnnRNNParamsSize)");
+  // Exactly the size of the configuration the inputs imply: a buffer of another configuration (another
+  // input_size or rnn_mode) would be read with the wrong layout.
+  const int64_t size = params_size_of(c);
+  TORCH_CHECK(params.numel() == size, "params has ", params.numel(), " elements, but must have exactly ", size,
+              " (CudnnRNNParamsSize of the configuration the inputs imply: rnn_mode '", std::string(rnn_mode),
+              "', num_layers ", c.L, ", num_units ", c.H, ", input_size ", c.I, ", num_proj ", c.P, ", ", c.D,
+              " direction(s))");
   if (has_lens) {
     TORCH_CHECK(lens.dim() == 1 && lens.scalar_type() == at::kInt,
                 "sequence_lengths must be a 1-D int32 tensor, got rank ", lens.dim(), " dtype ", lens.scalar_type());
     TORCH_CHECK(lens.numel() == c.B, "sequence_lengths must have batch_size (", c.B, ") entries, got ", lens.numel());
+    TORCH_CHECK(lens.device() == input.device() || lens.is_cpu(), "sequence_lengths must be on input's device (",
+                input.device(), ") or the CPU, got ", lens.device());
   }
   TORCH_CHECK(c.T > 0, "max_seq_length must be > 0, got ", c.T);
   check_like(input, input_h, "input_h");
@@ -246,9 +284,25 @@ Cfg check_forward(const Tensor& input, const Tensor& input_h, const Tensor& inpu
   return c;
 }
 
-// Validated sequence lengths on the compute device, or undefined when every length is T (no masking).
-Tensor prepare_lens(const Tensor& lens, const Cfg& c, const at::Device& dev) {
-  if (!lens.defined()) return Tensor();
+// FNV-1a over the effective sequence lengths (every length T without them): the reserve_space header
+// records it, so that a backward with other lengths than its forward's is refused.
+struct LensDigest {
+  uint64_t h = 1469598103934665603ull;
+  void add(int64_t v) {
+    for (int i = 0; i < 8; ++i) h = (h ^ ((static_cast<uint64_t>(v) >> (8 * i)) & 0xff)) * 1099511628211ull;
+  }
+  int64_t value() const { return static_cast<int64_t>(h); }
+};
+
+// Validated sequence lengths on the compute device, or undefined when every length is T (no masking);
+// *digest: their LensDigest.
+Tensor prepare_lens(const Tensor& lens, const Cfg& c, const at::Device& dev, int64_t* digest) {
+  LensDigest dg;
+  if (!lens.defined()) {
+    for (int64_t b = 0; b < c.B; ++b) dg.add(c.T);
+    *digest = dg.value();
+    return Tensor();
+  }
   const Tensor h = lens.to(at::kCPU).contiguous();
   const int32_t* p = h.const_data_ptr<int32_t>();
   bool full = true;
@@ -256,7 +310,9 @@ Tensor prepare_lens(const Tensor& lens, const Cfg& c, const at::Device& dev) {
     TORCH_CHECK(p[b] >= 0 && p[b] <= c.T, "sequence_lengths[", b, "] = ", p[b], " must be in [0, max_seq_length = ",
                 c.T, "]");
     full = full && p[b] == c.T;
+    dg.add(p[b]);
   }
+  *digest = dg.value();
   if (full) return Tensor();
   return h.to(dev);
 }
@@ -276,11 +332,14 @@ struct Res {
 int64_t header_elems(at::ScalarType cdt) { return kHeaderLongs * 8 / static_cast<int64_t>(c10::elementSize(cdt)); }
 
 int64_t reserve_elems(const Cfg& c, bool has_mask, at::ScalarType cdt) {
-  const int64_t TB = c.T * c.B;
-  int64_t per = TB * (c.G * c.H + c.O);
-  if (c.mode == kLstm) per += TB * c.H * (c.P > 0 ? 2 : 1);
-  if (c.mode == kGru) per += TB * c.H;
-  return header_elems(cdt) + c.L * c.D * per + (c.L - 1) * TB * c.D * c.O * (has_mask ? 2 : 1);
+  const char* w = "the reserve_space size";
+  const int64_t TB = checked_mul(c.T, c.B, w);
+  int64_t n = c.G * c.H + c.O;  // (G * H + O <= 5 * params size: no overflow)
+  if (c.mode == kLstm) n += c.H * (c.P > 0 ? 2 : 1);
+  if (c.mode == kGru) n += c.H;
+  const int64_t per = checked_mul(TB, n, w);
+  const int64_t ys = checked_mul(checked_mul(TB, c.D * c.O, w), (c.L - 1) * (has_mask ? 2 : 1), w);
+  return checked_add(checked_add(header_elems(cdt), checked_mul(c.L * c.D, per, w), w), ys, w);
 }
 
 Res carve(const Cfg& c, bool has_mask, const Tensor& buf) {
@@ -307,9 +366,11 @@ Res carve(const Cfg& c, bool has_mask, const Tensor& buf) {
   return r;
 }
 
-std::vector<int64_t> header_of(const Cfg& c, bool has_mask, int64_t total) {
+constexpr int64_t kLensSlot = 12;  // header slot of the sequence lengths' LensDigest
+
+std::vector<int64_t> header_of(const Cfg& c, bool has_mask, int64_t total, int64_t lens_digest) {
   std::vector<int64_t> h(kHeaderLongs, 0);
-  const int64_t v[] = {kMagic, c.mode, c.skip, c.L, c.D, c.H, c.P, c.I, c.T, c.B, has_mask, total};
+  const int64_t v[] = {kMagic, c.mode, c.skip, c.L, c.D, c.H, c.P, c.I, c.T, c.B, has_mask, total, lens_digest};
   std::copy(std::begin(v), std::end(v), h.begin());
   return h;
 }
@@ -580,7 +641,8 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   const Tensor x = prep(input, tm, cdt), h0 = prep(input_h, tm, cdt);
   const Tensor c0 = c.mode == kLstm ? prep(input_c, tm, cdt) : Tensor();
   const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
-  const Tensor lens = prepare_lens(sequence_lengths, c, input.device());
+  int64_t lens_digest = 0;
+  const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest);
   if (use_onednn(c, k, dt, is_training, lens)) {
     Tensor out;
     const Tensor hN = at::empty({c.L * c.D, c.B, c.O}, copts), cN = at::empty({c.L * c.D, c.B, c.H}, copts);
@@ -598,7 +660,7 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   forward_core(c, lay, x, h0, c0, p, lens, r, out, hN, cN, k);
   Tensor reserve;
   if (is_training) {
-    const auto hdr = header_of(c, has_mask, total);
+    const auto hdr = header_of(c, has_mask, total, lens_digest);
     buf.narrow(0, 0, header_elems(cdt)).view(at::kLong).copy_(at::tensor(hdr, at::TensorOptions().dtype(at::kLong)));
     reserve = cdt == dt ? buf : buf.view(dt);
   } else {
@@ -611,7 +673,8 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
 
 namespace {
 void check_shape(const Tensor& x, const Tensor& t, at::IntArrayRef want, const char* name) {
-  TORCH_CHECK(t.sizes() == want, "Invalid ", name, " shape: ", t.sizes(), " ", want);
+  check_defined(t, name);
+  TORCH_CHECK(t.sizes() == want, "Invalid ", name, " shape: expected ", want, ", got ", t.sizes());
   check_like(x, t, name);
 }
 }  // namespace
@@ -620,8 +683,8 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
                       const Tensor& params, const Tensor& sequence_lengths, const Tensor& output,
                       const Tensor& output_h, const Tensor& output_c, const Tensor& output_backprop,
                       const Tensor& output_h_backprop, const Tensor& output_c_backprop, const Tensor& reserve_space,
-                      Str rnn_mode, Str input_mode, Str direction, double dropout, int64_t seed, int64_t seed2,
-                      int64_t num_proj, bool time_major, const Kernels& k) {
+                      const Tensor& host_reserved, Str rnn_mode, Str input_mode, Str direction, double dropout,
+                      int64_t seed, int64_t seed2, int64_t num_proj, bool time_major, const Kernels& k) {
   const bool tm = time_major;
   const Cfg c = check_forward(input, input_h, input_c, params, sequence_lengths, version == 3, rnn_mode, input_mode,
                               direction, dropout, num_proj, tm, k);
@@ -633,6 +696,16 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
   check_shape(input, output_backprop, out_shape, "output_backprop");
   check_shape(input, output_h_backprop, input_h.sizes(), "output_h_backprop");
   if (c.mode == kLstm) check_shape(input, output_c_backprop, input_c.sizes(), "output_c_backprop");
+  if (c.mode != kLstm) {  // ignored, but their dtype and device take part in dispatch
+    check_like(input, output_c, "output_c");
+    check_like(input, output_c_backprop, "output_c_backprop");
+  }
+  check_defined(reserve_space, "reserve_space");
+  if (version >= 2) {
+    check_defined(host_reserved, "host_reserved");
+    TORCH_CHECK(host_reserved.device() == input.device(), "host_reserved must be on input's device (",
+                input.device(), "), got ", host_reserved.device());
+  }
   const auto dt = input.scalar_type(), cdt = compute_type(dt);
   // reserve_space: written by a training forward of this configuration (header, then the buffers)
   TORCH_CHECK(reserve_space.numel() > 0,
@@ -650,18 +723,22 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
   const int64_t* hp = hdr.const_data_ptr<int64_t>();
   const bool has_mask = hp[10] != 0;
   const int64_t total = reserve_elems(c, has_mask, cdt);
-  const auto want = header_of(c, has_mask, total);
+  int64_t lens_digest = 0;
+  const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest);
+  const auto want = header_of(c, has_mask, total, lens_digest);
   bool same = buf.numel() == total;
-  for (int64_t i = 0; i < kHeaderLongs; ++i) same = same && hp[i] == want[i];
+  for (int64_t i = 0; i < kHeaderLongs; ++i) same = same && (i == kLensSlot || hp[i] == want[i]);
   TORCH_CHECK(same, "reserve_space does not match this configuration (it has ", reserve_space.numel(),
               " elements; expected one returned by the training forward of rnn_mode '", std::string(rnn_mode),
               "', ", c.L, " layer(s), ", c.D, " direction(s), num_units ", c.H, ", num_proj ", c.P, ", input_size ",
               c.I, ", max_seq_length ", c.T, ", batch_size ", c.B, ")");
+  TORCH_CHECK(hp[kLensSlot] == lens_digest,
+              "sequence_lengths differ from the ones the forward that returned reserve_space ran with: pass the "
+              "forward's sequence_lengths to the backward");
   const Layout lay = make_layout(c);
   const Tensor x = prep(input, tm, cdt), h0 = prep(input_h, tm, cdt);
   const Tensor c0 = c.mode == kLstm ? prep(input_c, tm, cdt) : Tensor();
   const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
-  const Tensor lens = prepare_lens(sequence_lengths, c, input.device());
   const Tensor dY = prep(output_backprop, tm, cdt), dhN = prep(output_h_backprop, tm, cdt);
   const Tensor dcN = c.mode == kLstm ? prep(output_c_backprop, tm, cdt) : Tensor();
   Res r = carve(c, has_mask, buf);
@@ -688,7 +765,7 @@ Tensor params_size(int64_t num_layers, int64_t num_units, int64_t input_size, c1
   TORCH_CHECK(is_float(t), "T must be float16, bfloat16, float32 or float64, got ", t);
   TORCH_CHECK(s == at::kInt || s == at::kLong, "S must be int32 or int64, got ", s);
   const Cfg c = model_cfg(num_layers, num_units, input_size, rnn_mode, input_mode, direction, dropout, num_proj);
-  const int64_t size = make_layout(c).size;
+  const int64_t size = params_size_of(c);
   TORCH_CHECK(s == at::kLong || size <= std::numeric_limits<int32_t>::max(), "params size ", size,
               " does not fit in int32: use S=int64");
   return at::full({1}, size, at::TensorOptions().dtype(s));
@@ -700,7 +777,6 @@ std::tuple<std::vector<Tensor>, std::vector<Tensor>> to_canonical(int64_t num_la
                                                                   Str input_mode, Str direction, double dropout,
                                                                   int64_t num_proj, bool v2) {
   const Cfg c = model_cfg(num_layers, num_units, input_size, rnn_mode, input_mode, direction, dropout, num_proj);
-  const Layout lay = make_layout(c);
   const int64_t npl = c.L * c.D;
   const char* wname = v2 ? "num_params_weights" : "num_params";
   const char* bname = v2 ? "num_params_biases" : "num_params";
@@ -713,15 +789,19 @@ std::tuple<std::vector<Tensor>, std::vector<Tensor>> to_canonical(int64_t num_la
   } else {
     TORCH_CHECK(per % 2 == 1, "Number of params (weights) per layer is not an odd number with projection: ", per);
   }
-  TORCH_CHECK(static_cast<int64_t>(lay.weights.size()) == n_weights, "Number of params (weights) mismatch. Expected ",
-              n_weights, " (", wname, "), got ", lay.weights.size(), " for this configuration");
-  TORCH_CHECK(static_cast<int64_t>(lay.biases.size()) == n_biases, "Number of params (biases) mismatch. Expected ",
-              n_biases, " (", bname, "), got ", lay.biases.size(), " for this configuration");
+  const int64_t want_w = npl * (2 * c.G + (c.P > 0 ? 1 : 0)), want_b = npl * 2 * c.G;
+  TORCH_CHECK(want_w == n_weights, "Number of params (weights) mismatch. Expected ", n_weights, " (", wname,
+              "), got ", want_w, " for this configuration");
+  TORCH_CHECK(want_b == n_biases, "Number of params (biases) mismatch. Expected ", n_biases, " (", bname, "), got ",
+              want_b, " for this configuration");
+  check_defined(params, "params");
   TORCH_CHECK(params.dim() == 1, "params must be a 1-D tensor, got rank ", params.dim());
   TORCH_CHECK(is_float(params.scalar_type()), "params must be float32, float64, float16 or bfloat16, got ",
               params.scalar_type());
-  TORCH_CHECK(params.numel() >= lay.size, "params has ", params.numel(), " elements, but this configuration needs ",
-              lay.size, " (CudnnRNNParamsSize)");
+  const int64_t size = params_size_of(c);
+  TORCH_CHECK(params.numel() == size, "params has ", params.numel(), " elements, but must have exactly ", size,
+              " (CudnnRNNParamsSize of this configuration)");
+  const Layout lay = make_layout(c);
   std::vector<Tensor> ws, bs;
   for (const auto& rg : lay.weights) ws.push_back(params.narrow(0, rg.off, rg.numel()).view({rg.rows, rg.cols}).clone());
   for (const auto& rg : lay.biases) bs.push_back(params.narrow(0, rg.off, rg.numel()).clone());
@@ -731,19 +811,29 @@ std::tuple<std::vector<Tensor>, std::vector<Tensor>> to_canonical(int64_t num_la
 Tensor to_params(int64_t num_layers, int64_t num_units, int64_t input_size, at::TensorList weights,
                  at::TensorList biases, Str rnn_mode, Str input_mode, Str direction, double dropout, int64_t num_proj) {
   const Cfg c = model_cfg(num_layers, num_units, input_size, rnn_mode, input_mode, direction, dropout, num_proj);
-  const Layout lay = make_layout(c);
-  TORCH_CHECK(weights.size() == lay.weights.size(), "Number of params (weights) mismatch. Expected ",
-              lay.weights.size(), ", got ", weights.size());
-  TORCH_CHECK(biases.size() == lay.biases.size(), "Number of params (biases) mismatch. Expected ", lay.biases.size(),
+  const int64_t npl = c.L * c.D;
+  const int64_t want_w = npl * (2 * c.G + (c.P > 0 ? 1 : 0)), want_b = npl * 2 * c.G;
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == want_w, "Number of params (weights) mismatch. Expected ", want_w,
+              ", got ", weights.size());
+  TORCH_CHECK(static_cast<int64_t>(biases.size()) == want_b, "Number of params (biases) mismatch. Expected ", want_b,
               ", got ", biases.size());
+  params_size_of(c);  // (overflow check before the layout)
+  const Layout lay = make_layout(c);
+  check_defined(weights[0], "weights[0]");
   const Tensor& first = weights[0];
   TORCH_CHECK(is_float(first.scalar_type()), "weights must be float32, float64, float16 or bfloat16, got ",
               first.scalar_type());
   std::vector<Tensor> flat;
   flat.reserve(weights.size() + biases.size());
   auto add = [&](const Tensor& t, const Region& rg, const char* kind, size_t i) {
+    TORCH_CHECK_VALUE(t.defined(), kind, "[", i, "] must be a tensor, got None");
     TORCH_CHECK(t.numel() == rg.numel(), "Params size mismatch. Expected ", rg.numel(), ", got ", t.numel(), " (", kind,
                 "[", i, "])");
+    // The canonical shape, or that tensor flattened (row-major): a transposed or reshaped one is refused.
+    const bool ok = rg.cols < 0 ? t.dim() == 1 : (t.dim() == 1 || (t.dim() == 2 && t.size(0) == rg.rows));
+    TORCH_CHECK(ok, "Params shape mismatch: ", kind, "[", i, "] must have shape ",
+                rg.cols < 0 ? c10::str("[", rg.rows, "]") : c10::str("[", rg.rows, ", ", rg.cols, "]"),
+                " (or be flattened to [", rg.numel(), "]), got ", t.sizes());
     TORCH_CHECK(t.scalar_type() == first.scalar_type(), kind, "[", i, "] must have dtype ", first.scalar_type(),
                 ", got ", t.scalar_type());
     TORCH_CHECK(t.device() == first.device(), kind, "[", i, "] must be on ", first.device(), ", got ", t.device());

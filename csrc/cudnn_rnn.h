@@ -64,8 +64,9 @@ T4 cudnn_rnn_backward(int version, const at::Tensor& input, const at::Tensor& in
                       const at::Tensor& params, const at::Tensor& sequence_lengths, const at::Tensor& output,
                       const at::Tensor& output_h, const at::Tensor& output_c, const at::Tensor& output_backprop,
                       const at::Tensor& output_h_backprop, const at::Tensor& output_c_backprop,
-                      const at::Tensor& reserve_space, Str rnn_mode, Str input_mode, Str direction, double dropout,
-                      int64_t seed, int64_t seed2, int64_t num_proj, bool time_major, const Kernels& k);
+                      const at::Tensor& reserve_space, const at::Tensor& host_reserved, Str rnn_mode,
+                      Str input_mode, Str direction, double dropout, int64_t seed, int64_t seed2, int64_t num_proj,
+                      bool time_major, const Kernels& k);
 
 // The op entry points of one backend (its Kernels table K).
 template <const Kernels& K>
@@ -90,23 +91,23 @@ struct Impls {
                    const at::Tensor& y, const at::Tensor& hy, const at::Tensor& cy, const at::Tensor& dy,
                    const at::Tensor& dhy, const at::Tensor& dcy, const at::Tensor& reserve, Str mode, Str im, Str dir,
                    double dropout, int64_t seed, int64_t seed2) {
-    return cudnn_rnn_backward(1, x, h, c, p, at::Tensor(), y, hy, cy, dy, dhy, dcy, reserve, mode, im, dir, dropout,
-                              seed, seed2, 0, true, K);
+    return cudnn_rnn_backward(1, x, h, c, p, at::Tensor(), y, hy, cy, dy, dhy, dcy, reserve, at::Tensor(), mode, im, dir,
+                              dropout, seed, seed2, 0, true, K);
   }
   static T4 bwd_v2(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p,
                    const at::Tensor& y, const at::Tensor& hy, const at::Tensor& cy, const at::Tensor& dy,
                    const at::Tensor& dhy, const at::Tensor& dcy, const at::Tensor& reserve, const at::Tensor& host,
                    Str mode, Str im, Str dir, double dropout, int64_t seed, int64_t seed2) {
-    return cudnn_rnn_backward(2, x, h, c, p, at::Tensor(), y, hy, cy, dy, dhy, dcy, reserve, mode, im, dir, dropout,
-                              seed, seed2, 0, true, K);
+    return cudnn_rnn_backward(2, x, h, c, p, at::Tensor(), y, hy, cy, dy, dhy, dcy, reserve, host, mode, im, dir,
+                              dropout, seed, seed2, 0, true, K);
   }
   static T4 bwd_v3(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p,
                    const at::Tensor& lens, const at::Tensor& y, const at::Tensor& hy, const at::Tensor& cy,
                    const at::Tensor& dy, const at::Tensor& dhy, const at::Tensor& dcy, const at::Tensor& reserve,
                    const at::Tensor& host, Str mode, Str im, Str dir, double dropout, int64_t seed, int64_t seed2,
                    int64_t num_proj, bool time_major) {
-    return cudnn_rnn_backward(3, x, h, c, p, lens, y, hy, cy, dy, dhy, dcy, reserve, mode, im, dir, dropout, seed,
-                              seed2, num_proj, time_major, K);
+    return cudnn_rnn_backward(3, x, h, c, p, lens, y, hy, cy, dy, dhy, dcy, reserve, host, mode, im, dir, dropout,
+                              seed, seed2, num_proj, time_major, K);
   }
 };
 

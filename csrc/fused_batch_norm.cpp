@@ -1,12 +1,14 @@
 // FusedBatchNormV3 / FusedBatchNormGradV3: schemas, validation (TF's order and key phrases) and the
 // device-independent orchestration around the per-device kernels.
 #include "fused_batch_norm.h"
+#include "common/arg_checks.h"
 
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -26,6 +28,7 @@ void check_dtype_and_device(const at::Tensor& x, const at::Tensor& t, const char
 }
 
 void check_x(const at::Tensor& x, const char* name) {
+  check_defined(x, name);
   TORCH_CHECK(x.dim() == 4 || x.dim() == 5, name, ": input must be 4 or 5-dimensional, got shape ", x.sizes());
   const auto t = x.scalar_type();
   TORCH_CHECK(t == at::kFloat || t == at::kDouble || t == at::kHalf || t == at::kBFloat16, name,
@@ -33,6 +36,7 @@ void check_x(const at::Tensor& x, const char* name) {
 }
 
 void check_rank1(const at::Tensor& t, const char* what) {
+  check_defined(t, what);
   TORCH_CHECK(t.dim() == 1, what, " must be 1-dimensional, got shape ", t.sizes());
 }
 
@@ -111,6 +115,11 @@ double as_stats_scalar(double v, c10::ScalarType u) {
 
 }  // namespace
 
+// NaN, infinite or negative epsilon would make every output NaN (or divide by a negative variance).
+void check_epsilon(double epsilon) {
+  TORCH_CHECK_VALUE(std::isfinite(epsilon) && epsilon >= 0.0, "epsilon must be a finite number >= 0, got ", epsilon);
+}
+
 int64_t channel_dim(c10::string_view data_format, int64_t rank, const char* arg) {
   int64_t want_rank = 0;
   bool last = false;
@@ -134,6 +143,9 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
                       const at::Tensor& mean, const at::Tensor& variance, double epsilon,
                       double exponential_avg_factor, c10::string_view data_format, bool is_training,
                       const Kernels& kernels) {
+  check_epsilon(epsilon);
+  TORCH_CHECK_VALUE(std::isfinite(exponential_avg_factor), "exponential_avg_factor must be finite, got ",
+                    exponential_avg_factor);
   check_x(x, "x");
   check_rank1(scale, "scale");
   check_rank1(offset, "offset");
@@ -216,6 +228,8 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
                     const at::Tensor& reserve_space_1, const at::Tensor& reserve_space_2,
                     const at::Tensor& reserve_space_3, double epsilon, c10::string_view data_format,
                     bool is_training, const Kernels& kernels) {
+  check_epsilon(epsilon);
+  check_defined(reserve_space_3, "reserve_space_3");
   check_x(y_backprop, "y_backprop");
   check_x(x, "x");
   check_rank1(scale, "scale");

@@ -882,7 +882,8 @@ def _lstm_cell_err_cases():
         (with_(2, z(B, C + 1, dtype=F64)), r"h_prev.dims\(1\) != cell_size: 5 vs. 4"),
         (with_(2, z(B - 1, C, dtype=F64)), r"h_prev.dims\(0\) != batch_size: 1 vs. 2"),
         (with_(3, z(I + C + 1, 4 * C, dtype=F64)), r"w.dim_size\(0\) != input_size \+ cell_size: 8 vs. 7"),
-        (with_(3, z(I + C, 4 * C - 1, dtype=F64)), r"w.dim_size\(1\) != cell_size \* 4: 15 vs. 16"),
+        (with_(3, z(I + C, 4 * C - 1, dtype=F64)),
+         r"w.dim_size\(1\) must be a multiple of 4 \(4 \* cell_size\), got 15"),
         (with_(7, z(4 * C + 1, dtype=F64)), r"b.dim_size\(0\) != cell_size \* 4: 17 vs. 16"),
         (with_(5, z(C + 1, dtype=F64)), r"wcf.dim_size\(0\) != cell_size: 5 vs. 4"),  # peephole sizes are checked
         (with_(0, z(B, I, dtype=torch.float32)), r"wci must have the same dtype as x \(Float\), got Double"),

@@ -25,14 +25,45 @@ def close_all() -> None:
     torch.ops.torchops._accumulator_close_all(False)
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
 def _shape_arg(shape) -> Optional[List[int]]:
     if shape is None:
         return None
     if isinstance(shape, torch.Size):
         return list(shape)
-    if isinstance(shape, int):
+    if _is_int(shape):
         return [shape]
-    return [-1 if d is None else int(d) for d in shape]
+    if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+        raise TypeError(f"shape must be None, an int or a sequence of ints (None for an unknown dim), got {shape!r}")
+    dims = list(shape)
+    for d in dims:
+        if d is not None and not _is_int(d):
+            raise TypeError(f"shape entries must be ints or None, got {d!r} ({type(d).__name__}) in shape {dims!r}")
+    return [-1 if d is None else d for d in dims]
+
+
+def _int_arg(name: str, v) -> int:
+    if not _is_int(v):
+        raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
+    return v
+
+
+def _timeout_arg(timeout) -> Optional[float]:
+    if timeout is None:
+        return None
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be None or a number of seconds, got {timeout!r} ({type(timeout).__name__})")
+    return float(timeout)
+
+
+def _real_grad(name: str, t: Tensor) -> Tensor:
+    # (converting a complex gradient to the accumulator's real dtype would drop its imaginary part)
+    if t.is_complex():
+        raise TypeError(f"{name} must be a real tensor, got dtype {t.dtype}")
+    return t
 
 
 def _check_dtype(dtype) -> torch.dtype:
@@ -132,17 +163,19 @@ class ConditionalAccumulator(_Base):
 
     def apply_grad(self, grad, local_step: int = 0) -> None:
         self._refuse_export()
+        local_step = _int_arg("local_step", local_step)
         if not isinstance(grad, Tensor):
+            _real_grad("grad", torch.as_tensor(grad))
             grad = torch.as_tensor(grad, dtype=self.dtype)
         elif grad.dtype != self.dtype:
-            grad = grad.to(self.dtype)  # TF converts the gradient to the accumulator dtype
-        self.handle.apply_grad(int(local_step), grad)
+            grad = _real_grad("grad", grad).to(self.dtype)  # TF converts the gradient to the accumulator dtype
+        self.handle.apply_grad(local_step, grad)
 
     def take_grad(self, num_required: int, timeout: Optional[float] = None) -> Tensor:
         """Blocks until `num_required` gradients were accepted (or `timeout` seconds pass: TimeoutError,
         state unchanged; or the accumulator is closed: RuntimeError "... was cancelled")."""
         self._refuse_export()
-        return _take(self.handle.take_grad, int(num_required), None if timeout is None else float(timeout))
+        return _take(self.handle.take_grad, _int_arg("num_required", num_required), _timeout_arg(timeout))
 
 
 class SparseConditionalAccumulator(_Base):
@@ -159,25 +192,30 @@ class SparseConditionalAccumulator(_Base):
         """`apply_grad(indices, values, shape=None, local_step=0)`, or `apply_grad(sparse_coo_tensor,
         local_step=...)` (sparse_dim 1: indexed rows)."""
         self._refuse_export()
+        local_step = _int_arg("local_step", local_step)
         if isinstance(grad_indices, Tensor) and grad_indices.layout == torch.sparse_coo:
             if grad_values is not None or grad_shape is not None:
                 raise ValueError("apply_grad: with a sparse COO gradient pass no grad_values/grad_shape")
-            g = grad_indices if grad_indices.dtype == self.dtype else grad_indices.to(self.dtype)
-            self.handle.apply_sparse_grad(int(local_step), g)
+            g = grad_indices if grad_indices.dtype == self.dtype else _real_grad("grad", grad_indices).to(self.dtype)
+            self.handle.apply_sparse_grad(local_step, g)
             return
         if grad_values is None:
             raise ValueError("apply_grad: grad_values is required with dense grad_indices")
         idx = torch.as_tensor(grad_indices)
         if idx.dtype in (torch.int32, torch.int16, torch.int8, torch.uint8):
             idx = idx.to(torch.int64)
-        vals = grad_values if isinstance(grad_values, Tensor) else torch.as_tensor(grad_values, dtype=self.dtype)
+        if isinstance(grad_values, Tensor):
+            vals = _real_grad("grad_values", grad_values)
+        else:
+            _real_grad("grad_values", torch.as_tensor(grad_values))
+            vals = torch.as_tensor(grad_values, dtype=self.dtype)
         if vals.dtype != self.dtype:
             vals = vals.to(self.dtype)
         shp = None
         if grad_shape is not None:
             shp = torch.as_tensor(list(grad_shape) if isinstance(grad_shape, torch.Size) else grad_shape,
                                   dtype=torch.int64).reshape(-1)
-        self.handle.apply_grad(int(local_step), idx, vals, shp)
+        self.handle.apply_grad(local_step, idx, vals, shp)
 
     def apply_indexed_slices_grad(self, grad: Tensor, local_step: int = 0) -> None:
         """A sparse COO gradient (TF: IndexedSlices with its dense_shape)."""
@@ -186,7 +224,7 @@ class SparseConditionalAccumulator(_Base):
     def take_grad(self, num_required: int, timeout: Optional[float] = None) -> Tuple[Tensor, Tensor, Tensor]:
         """(indices, values, shape); shape[0] is the declared dim 0 (-1 if unknown)."""
         self._refuse_export()
-        return _take(self.handle.take_grad, int(num_required), None if timeout is None else float(timeout))
+        return _take(self.handle.take_grad, _int_arg("num_required", num_required), _timeout_arg(timeout))
 
     def take_indexed_slices_grad(self, num_required: int, timeout: Optional[float] = None) -> Tensor:
         """The taken gradient as a sparse COO tensor (sparse_dim 1). An unknown dim 0 becomes max index + 1."""

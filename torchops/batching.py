@@ -16,6 +16,33 @@ from torch import Tensor
 __all__ = ["batch_function", "stats", "list_queues", "close_all"]
 
 
+def check_batching_args(num_batch_threads: Any, max_batch_size: Any, batch_timeout_micros: Any,
+                        allowed_batch_sizes: Any, max_enqueued_batches: Any, grad_timeout_micros: Any,
+                        unbatch_timeout_micros: Any) -> List[int]:
+    """The batching attributes, checked when a front is built (the ops check them again per call);
+    returns allowed_batch_sizes as a list."""
+    for name, v, lo in (("num_batch_threads", num_batch_threads, 1), ("max_batch_size", max_batch_size, 1),
+                        ("batch_timeout_micros", batch_timeout_micros, 0),
+                        ("max_enqueued_batches", max_enqueued_batches, 0),
+                        ("grad_timeout_micros", grad_timeout_micros, 0),
+                        ("unbatch_timeout_micros", unbatch_timeout_micros, 0)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
+        if v < lo or v >= 2 ** 63:
+            raise ValueError(f"{name} must be in [{lo}, 2**63), got {v}")
+    allowed = list(allowed_batch_sizes or [])
+    for v in allowed:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"allowed_batch_sizes entries must be ints, got {v!r} in {allowed}")
+    if allowed:
+        if allowed[0] < 1 or any(b <= a for a, b in zip(allowed, allowed[1:])):
+            raise ValueError(f"allowed_batch_sizes entries must be positive and increasing, got {allowed}")
+        if allowed[-1] != max_batch_size:
+            raise ValueError(f"the last entry of allowed_batch_sizes must equal max_batch_size ({max_batch_size}), "
+                             f"got {allowed}")
+    return allowed
+
+
 def close_all() -> None:
     """Closes every batching resource of the process: queued batches are flushed to their callers,
     blocked Unbatch/UnbatchGrad calls raise, worker threads exit, and the registries are emptied (a
@@ -62,7 +89,8 @@ def batch_function(num_batch_threads: int, max_batch_size: int, batch_timeout_mi
     back to each caller (CPU tensors). If the function raises on the batch, every call of the batch
     raises. Each decorated function gets its own queue unless `shared_name` is given.
     """
-    allowed = list(allowed_batch_sizes or [])
+    allowed = check_batching_args(num_batch_threads, max_batch_size, batch_timeout_micros, allowed_batch_sizes,
+                                  max_enqueued_batches, grad_timeout_micros, unbatch_timeout_micros)
 
     def decorator(fn: Callable) -> Callable:
         name = shared_name if shared_name is not None else (

@@ -11,6 +11,7 @@
 // "not implemented" autograd fallback, so differentiating a gradient raises
 // "derivative for torchops::<grad op> is not implemented".
 #include "block_rnn.h"
+#include "common/arg_checks.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/zeros_like.h>
@@ -216,19 +217,29 @@ class BlockLstmFunction : public torch::autograd::Function<BlockLstmFunction<V2>
 T4 to4(const variable_list& v) { return {v[0], v[1], v[2], v[3]}; }
 T7 to7(const variable_list& v) { return {v[0], v[1], v[2], v[3], v[4], v[5], v[6]}; }
 
+// Non-optional tensor arguments passed as None arrive undefined: named before autograd touches them.
+void need(std::initializer_list<std::pair<const Tensor*, const char*>> ts) {
+  for (const auto& t : ts) check_defined(*t.first, t.second);
+}
+
 T4 gru_block_cell_autograd(const Tensor& x, const Tensor& h_prev, const Tensor& w_ru, const Tensor& w_c,
                            const Tensor& b_ru, const Tensor& b_c) {
+  need({{&x, "x"}, {&h_prev, "h_prev"}, {&w_ru, "w_ru"}, {&w_c, "w_c"}, {&b_ru, "b_ru"}, {&b_c, "b_c"}});
   return to4(GruBlockCellFunction::apply(x, h_prev, w_ru, w_c, b_ru, b_c));
 }
 
 T4 block_gru_autograd(const Tensor& seq_len_max, const Tensor& x, const Tensor& h_prev, const Tensor& w_ru,
                       const Tensor& w_c, const Tensor& b_ru, const Tensor& b_c) {
+  need({{&seq_len_max, "seq_len_max"}, {&x, "x"}, {&h_prev, "h_prev"}, {&w_ru, "w_ru"}, {&w_c, "w_c"},
+        {&b_ru, "b_ru"}, {&b_c, "b_c"}});
   return to4(BlockGruFunction::apply(seq_len_max, x, h_prev, w_ru, w_c, b_ru, b_c));
 }
 
 T7 lstm_block_cell_autograd(const Tensor& x, const Tensor& cs_prev, const Tensor& h_prev, const Tensor& w,
                             const Tensor& wci, const Tensor& wcf, const Tensor& wco, const Tensor& b,
                             double forget_bias, double cell_clip, bool use_peephole) {
+  need({{&x, "x"}, {&cs_prev, "cs_prev"}, {&h_prev, "h_prev"}, {&w, "w"}, {&wci, "wci"}, {&wcf, "wcf"},
+        {&wco, "wco"}, {&b, "b"}});
   return to7(LstmBlockCellFunction::apply(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias, cell_clip,
                                           use_peephole));
 }
@@ -236,6 +247,8 @@ T7 lstm_block_cell_autograd(const Tensor& x, const Tensor& cs_prev, const Tensor
 T7 block_lstm_autograd(const Tensor& seq_len_max, const Tensor& x, const Tensor& cs_prev, const Tensor& h_prev,
                        const Tensor& w, const Tensor& wci, const Tensor& wcf, const Tensor& wco, const Tensor& b,
                        double forget_bias, double cell_clip, bool use_peephole) {
+  need({{&seq_len_max, "seq_len_max"}, {&x, "x"}, {&cs_prev, "cs_prev"}, {&h_prev, "h_prev"}, {&w, "w"},
+        {&wci, "wci"}, {&wcf, "wcf"}, {&wco, "wco"}, {&b, "b"}});
   return to7(BlockLstmFunction<false>::apply(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias,
                                              cell_clip, use_peephole));
 }
@@ -243,6 +256,8 @@ T7 block_lstm_autograd(const Tensor& seq_len_max, const Tensor& x, const Tensor&
 T7 block_lstm_v2_autograd(const Tensor& seq_len_max, const Tensor& x, const Tensor& cs_prev, const Tensor& h_prev,
                           const Tensor& w, const Tensor& wci, const Tensor& wcf, const Tensor& wco, const Tensor& b,
                           double cell_clip, bool use_peephole) {
+  need({{&seq_len_max, "seq_len_max"}, {&x, "x"}, {&cs_prev, "cs_prev"}, {&h_prev, "h_prev"}, {&w, "w"},
+        {&wci, "wci"}, {&wcf, "wcf"}, {&wco, "wco"}, {&b, "b"}});
   return to7(BlockLstmFunction<true>::apply(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, 0.0, cell_clip,
                                             use_peephole));
 }

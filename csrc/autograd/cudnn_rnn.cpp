@@ -7,6 +7,7 @@
 //   concatenation of the same layout).
 // * The backprop ops and params_size: no derivative ("not implemented" fallback; TF registers none).
 #include "cudnn_rnn.h"
+#include "common/arg_checks.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/cat.h>
@@ -134,19 +135,27 @@ Tensor no_lens(const Tensor& x) { return at::empty({0}, x.options().dtype(at::kI
 T4 to4(const variable_list& v) { return {v[0], v[1], v[2], v[3]}; }
 T5 to5(const variable_list& v) { return {v[0], v[1], v[2], v[3], v[4]}; }
 
+// Non-optional tensor arguments passed as None arrive undefined: named before autograd touches them.
+void need(std::initializer_list<std::pair<const Tensor*, const char*>> ts) {
+  for (const auto& t : ts) check_defined(*t.first, t.second);
+}
+
 T4 cudnn_rnn_autograd(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& p, Str mode, Str im, Str dir,
                       double dropout, int64_t seed, int64_t seed2, bool is_training) {
+  need({{&x, "input"}, {&h, "input_h"}, {&c, "input_c"}, {&p, "params"}});
   return to4(CudnnRnnFunction<1>::apply(x, h, c, p, no_lens(x), std::string(mode), std::string(im), std::string(dir),
                                         dropout, seed, seed2, int64_t(0), is_training, true));
 }
 T5 cudnn_rnn_v2_autograd(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& p, Str mode, Str im,
                          Str dir, double dropout, int64_t seed, int64_t seed2, bool is_training) {
+  need({{&x, "input"}, {&h, "input_h"}, {&c, "input_c"}, {&p, "params"}});
   return to5(CudnnRnnFunction<2>::apply(x, h, c, p, no_lens(x), std::string(mode), std::string(im), std::string(dir),
                                         dropout, seed, seed2, int64_t(0), is_training, true));
 }
 T5 cudnn_rnn_v3_autograd(const Tensor& x, const Tensor& h, const Tensor& c, const Tensor& p, const Tensor& lens,
                          Str mode, Str im, Str dir, double dropout, int64_t seed, int64_t seed2, int64_t num_proj,
                          bool is_training, bool time_major) {
+  need({{&x, "input"}, {&h, "input_h"}, {&c, "input_c"}, {&p, "params"}, {&lens, "sequence_lengths"}});
   return to5(CudnnRnnFunction<3>::apply(x, h, c, p, lens, std::string(mode), std::string(im), std::string(dir),
                                         dropout, seed, seed2, num_proj, is_training, time_major));
 }
@@ -254,6 +263,7 @@ std::tuple<std::vector<Tensor>, std::vector<Tensor>> to_canonical_autograd(int64
                                                                            const Tensor& params, int64_t num_params,
                                                                            Str mode, Str im, Str dir, double dropout,
                                                                            int64_t seed, int64_t seed2) {
+  check_defined(params, "params");
   // (V1 goes through its own op for its own error messages, then the V2 op in backward)
   static auto op = find_op<std::tuple<std::vector<Tensor>, std::vector<Tensor>>(
       int64_t, int64_t, int64_t, const Tensor&, int64_t, Str, Str, Str, double, int64_t, int64_t)>(
@@ -272,6 +282,7 @@ std::tuple<std::vector<Tensor>, std::vector<Tensor>> to_canonical_v2_autograd(in
                                                                               int64_t nb, Str mode, Str im, Str dir,
                                                                               double dropout, int64_t seed,
                                                                               int64_t seed2, int64_t num_proj) {
+  check_defined(params, "params");
   const Strs s{std::string(mode), std::string(im), std::string(dir)};
   return split(ToCanonicalFunction::apply(params, L, H, I, nw, nb, s, dropout, seed, seed2, num_proj), nw);
 }

@@ -173,6 +173,7 @@ ForwardResult fused_batch_norm_v3_autograd(const at::Tensor& x, const at::Tensor
 GradResult fused_batch_norm_grad_v3_autograd(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                                              const at::Tensor& rs1, const at::Tensor& rs2, const at::Tensor& rs3,
                                              double epsilon, c10::string_view data_format, bool is_training) {
+  TORCH_CHECK_VALUE(rs3.defined(), "reserve_space_3 must be a tensor, got None");
   if (!torch::autograd::compute_requires_grad(dy, x, scale, rs1, rs2, rs3)) {  // as the forward's
     at::AutoDispatchBelowADInplaceOrView guard;
     return call_grad(dy, x, scale, rs1, rs2, rs3, epsilon, data_format, is_training);

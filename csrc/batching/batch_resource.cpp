@@ -74,6 +74,7 @@ int64_t new_id() {
 void validate_options(const BatchOptions& o) {
   const auto& a = o.allowed_batch_sizes;
   if (!a.empty()) {
+    TORCH_CHECK_VALUE(a[0] >= 1, "allowed_batch_sizes entries must be positive; got ", c10::IntArrayRef(a));
     for (size_t i = 1; i < a.size(); ++i) {
       TORCH_CHECK_VALUE(a[i] > a[i - 1], "allowed_batch_sizes entries must be monotonically increasing; got ", c10::IntArrayRef(a));
     }

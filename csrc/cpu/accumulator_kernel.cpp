@@ -44,9 +44,9 @@ void add_chunk(U* __restrict acc, const T* __restrict g, int64_t n, bool copy) {
 }
 
 void accumulator_add_cpu(const at::Tensor& accum, const at::Tensor& gradient, bool copy) {
+  check_accumulator_add(accum, gradient);
   TORCH_CHECK(accum.is_cpu() && gradient.is_cpu(), "_accumulator_add_ (CPU): expected CPU tensors, got accum on ",
               accum.device(), " and gradient on ", gradient.device());
-  check_accumulator_add(accum, gradient);
   const int64_t n = gradient.numel();
   if (n == 0) return;
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, gradient.scalar_type(), "_accumulator_add_", [&] {

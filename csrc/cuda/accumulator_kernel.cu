@@ -29,10 +29,10 @@ __global__ void accumulate_kernel(U* __restrict__ acc, const T* __restrict__ g, 
 }
 
 void accumulator_add_cuda(const at::Tensor& accum, const at::Tensor& gradient, bool copy) {
+  check_accumulator_add(accum, gradient);
   TORCH_CHECK(accum.is_cuda() && gradient.is_cuda() && accum.device() == gradient.device(),
               "_accumulator_add_ (CUDA): expected accum and gradient on one CUDA device, got ", accum.device(),
               " and ", gradient.device());
-  check_accumulator_add(accum, gradient);
   const int64_t n = gradient.numel();
   if (n == 0) return;
   c10::cuda::CUDAGuard guard(gradient.device());

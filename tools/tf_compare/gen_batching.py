@@ -534,7 +534,7 @@ ERRORS = [(e_batch, s) for s in ["task_too_large", "allowed_not_increasing", "al
 
 
 def k_isolated(b, rng, which):
-    """Inputs on which TF may abort the process (spec: rank-1 index crashes TF); run in their own TF process."""
+    """Inputs on which TF may abort the process (a rank-1 index crashes TF); run in their own TF process."""
     b.isolate, b.sub, b.join_s = True, which, 4.0
     dt, tr = rand_dtype(rng), rand_trailing(rng)
     u = dict(container="", shared_name=b.name("u"))

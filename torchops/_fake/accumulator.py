@@ -60,7 +60,13 @@ def _sparse_take(handle, num_required, timeout=None):
 
 @torch.library.register_fake("torchops::_accumulator_add_")
 def _add(accum, gradient, copy):
-    torch._check(accum.numel() == gradient.numel(), lambda: "_accumulator_add_: accum and gradient sizes differ")
+    torch._check(accum.device == gradient.device,
+                 lambda: f"_accumulator_add_: accum is on {accum.device} but gradient on {gradient.device}")
+    torch._check(not accum.requires_grad,
+                 lambda: "_accumulator_add_: accum requires grad; the op writes into it in place")
+    torch._check_value(accum.shape == gradient.shape, lambda: f"_accumulator_add_: accum has shape "
+                                                              f"{list(accum.shape)} but gradient has shape "
+                                                              f"{list(gradient.shape)}")
     return None
 
 # accumulator_num_accumulated / accumulator_set_global_step (and their .sparse overloads),

@@ -11,6 +11,7 @@ import torch
 def _check_attrs(num_batch_threads, max_batch_size, batch_timeout_micros, max_enqueued_batches,
                  allowed_batch_sizes):
     a = list(allowed_batch_sizes)
+    torch._check_value(not a or a[0] >= 1, lambda: f"allowed_batch_sizes entries must be positive; got {a}")
     torch._check(all(a[i] > a[i - 1] for i in range(1, len(a))),
                  lambda: "allowed_batch_sizes entries must be monotonically increasing")
     torch._check(not a or a[-1] == max_batch_size,

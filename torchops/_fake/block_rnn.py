@@ -1,4 +1,5 @@
 """Fake kernels of the GRU / LSTM block ops (mirror csrc/block_rnn.cpp): shapes and dtypes only."""
+import math
 from typing import Optional
 
 import torch
@@ -6,12 +7,24 @@ import torch
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+def _need(t, name):
+    if t is None:
+        raise ValueError(f"{name} must be a tensor, got None")
+
+
+def _lstm_attrs(forget_bias, cell_clip):
+    torch._check_value(math.isfinite(forget_bias), lambda: f"forget_bias must be finite, got {forget_bias}")
+    torch._check_value(not math.isnan(cell_clip), lambda: f"cell_clip must be a number, got {cell_clip}")
+
+
 def _check_x(x, rank):
+    _need(x, "x")
     torch._check(x.dim() == rank, lambda: f"x must be rank {rank}, got {x.dim()}")
     torch._check(x.dtype in _FLOATS, lambda: f"x must be float32, float64, float16 or bfloat16, got {x.dtype}")
 
 
 def _same(x, t, name):
+    _need(t, name)
     torch._check(t.dtype == x.dtype, lambda: f"{name} must have the same dtype as x ({x.dtype}), got {t.dtype}")
     # (a meta tensor beside CPU data dispatches here: refuse, as the real kernels refuse mixed devices)
     torch._check(t.device == x.device,
@@ -128,7 +141,10 @@ def _lstm_params(x, w, wci, wcf, wco, b, i, c):
 def _lstm_cell_check(x, cs_prev, h_prev, w, wci, wcf, wco, b):
     _check_x(x, 2)
     torch._check(cs_prev.dim() == 2, lambda: f"cs_prev_tensor must be rank 2 but is rank {cs_prev.dim()}.")
-    bs, i, c = x.shape[0], x.shape[1], cs_prev.shape[1]
+    _need(w, "w")
+    torch._check(w.dim() == 2, lambda: f"w_tensor must be rank 2 but is rank {w.dim()}.")
+    torch._check(w.shape[1] % 4 == 0, lambda: f"w.dim_size(1) must be a multiple of 4, got {w.shape[1]}")
+    bs, i, c = x.shape[0], x.shape[1], w.shape[1] // 4
     for t, name in ((cs_prev, "cs_prev"), (h_prev, "h_prev")):
         _same(x, t, name)
         _shape(t, (bs, c), name)
@@ -139,6 +155,7 @@ def _lstm_cell_check(x, cs_prev, h_prev, w, wci, wcf, wco, b):
 
 @torch.library.register_fake("torchops::lstm_block_cell")
 def _lstm_block_cell(x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0, use_peephole=False):
+    _lstm_attrs(forget_bias, cell_clip)
     bs, _, c = _lstm_cell_check(x, cs_prev, h_prev, w, wci, wcf, wco, b)
     return tuple(_new(x, bs, c) for _ in range(7))
 
@@ -155,6 +172,8 @@ def _lstm_cell_grad_check(x, cs_prev, h_prev, w, wci, wcf, wco, b, gates):
 @torch.library.register_fake("torchops::lstm_block_cell_grad")
 def _lstm_block_cell_grad(x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, cs_grad, h_grad,
                           use_peephole):
+    _need(cs_grad, "cs_grad")
+    _need(h_grad, "h_grad")
     bs, _, c = _lstm_cell_grad_check(x, cs_prev, h_prev, w, wci, wcf, wco, b,
                                      ((i, "i"), (cs, "cs"), (f, "f"), (o, "o"), (ci, "ci"), (co, "co"),
                                       (cs_grad, "cs_grad"), (h_grad, "h_grad")))
@@ -176,7 +195,10 @@ def _block_lstm_check(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b):
     _check_x(x, 3)
     _seq_len_max(seq_len_max, x)
     t, bs, i = x.shape
-    c = cs_prev.shape[1]
+    _need(w, "w")
+    torch._check(w.dim() == 2, lambda: f"w must be 2D, got rank {w.dim()}")
+    torch._check(w.shape[1] % 4 == 0, lambda: f"w.dim_size(1) must be a multiple of 4, got {w.shape[1]}")
+    c = w.shape[1] // 4
     for v, name in ((cs_prev, "cs_prev"), (h_prev, "h_prev")):
         _same(x, v, name)
         _shape(v, (bs, c), name)
@@ -187,13 +209,14 @@ def _block_lstm_check(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b):
 @torch.library.register_fake("torchops::block_lstm")
 def _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bias=1.0, cell_clip=3.0,
                 use_peephole=False):
+    _lstm_attrs(forget_bias, cell_clip)
     t, bs, _, c = _block_lstm_check(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b)
     return tuple(_new(x, t, bs, c) for _ in range(7))
 
 
 @torch.library.register_fake("torchops::block_lstm_v2")
 def _block_lstm_v2(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, cell_clip=0.0, use_peephole=False):
-    return _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b)
+    return _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, 0.0, cell_clip)
 
 
 def _block_lstm_grad_common(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, seq, tf_grad_op=True):
@@ -212,6 +235,8 @@ def _block_lstm_grad_common(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b
 @torch.library.register_fake("torchops::block_lstm_grad")
 def _block_lstm_grad(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad, h_grad,
                      use_peephole):
+    _need(cs_grad, "cs_grad")
+    _need(h_grad, "h_grad")
     return _block_lstm_grad_common(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b,
                                    ((i, "i"), (cs, "cs"), (f, "f"), (o, "o"), (ci, "ci"), (co, "co"), (h, "h"),
                                     (cs_grad, "cs_grad"), (h_grad, "h_grad")))

@@ -1,4 +1,6 @@
 """Fake kernels of fused_batch_norm_v3 / fused_batch_norm_grad_v3 (mirror csrc/fused_batch_norm.cpp)."""
+import math
+
 import torch
 
 _FORMATS = {"NHWC": (4, True), "NCHW": (4, False), "NDHWC": (5, True), "NCDHW": (5, False)}
@@ -29,6 +31,11 @@ def empty_like_layout(x: torch.Tensor, cdim: int) -> torch.Tensor:
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
+def _check_epsilon(epsilon):
+    torch._check_value(math.isfinite(epsilon) and epsilon >= 0,
+                       lambda: f"epsilon must be a finite number >= 0, got {epsilon}")
+
+
 def _check_common(x, vectors, others=()):
     torch._check(x.dim() in (4, 5), lambda: f"input must be 4 or 5-dimensional, got shape {tuple(x.shape)}")
     torch._check(x.dtype in _FLOATS, lambda: f"x must be float32, float64, float16 or bfloat16, got {x.dtype}")
@@ -44,6 +51,9 @@ def _check_common(x, vectors, others=()):
 @torch.library.register_fake("torchops::fused_batch_norm_v3")
 def _fused_batch_norm_v3(x, scale, offset, mean, variance, epsilon=1e-4, exponential_avg_factor=1.0,
                          data_format="NHWC", is_training=True):
+    _check_epsilon(epsilon)
+    torch._check_value(math.isfinite(exponential_avg_factor),
+                       lambda: f"exponential_avg_factor must be finite, got {exponential_avg_factor}")
     _check_common(x, [("scale", scale), ("offset", offset), ("estimated_mean", mean),
                       ("estimated_variance", variance)])
     cdim = channel_dim(data_format, x.dim())
@@ -62,6 +72,7 @@ def _fused_batch_norm_v3(x, scale, offset, mean, variance, epsilon=1e-4, exponen
 @torch.library.register_fake("torchops::fused_batch_norm_grad_v3")
 def _fused_batch_norm_grad_v3(y_backprop, x, scale, reserve_space_1, reserve_space_2, reserve_space_3,
                               epsilon=1e-4, data_format="NHWC", is_training=True):
+    _check_epsilon(epsilon)
     _check_common(x, [("scale", scale), ("reserve_space_1", reserve_space_1),
                       ("reserve_space_2", reserve_space_2)],
                   [("y_backprop", y_backprop)])

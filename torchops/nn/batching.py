@@ -41,6 +41,10 @@ class Batched(torch.nn.Module):
                  unbatch_timeout_micros: int = 60_000_000, container: str = "", shared_name: Optional[str] = None,
                  batching_queue: str = ""):
         super().__init__()
+        from ..batching import check_batching_args
+        allowed_batch_sizes = check_batching_args(num_batch_threads, max_batch_size, batch_timeout_micros,
+                                                  allowed_batch_sizes, max_enqueued_batches, grad_timeout_micros,
+                                                  unbatch_timeout_micros)
         self.module = module
         self.num_batch_threads = num_batch_threads
         self.max_batch_size = max_batch_size

@@ -30,6 +30,20 @@ from torch import Tensor, nn
 __all__ = ["GRUBlockCell", "BlockGRU", "LSTMBlockCell", "BlockLSTM"]
 
 
+def _check_sizes(input_size, cell_size) -> None:
+    """Module sizes: ints in TF's int32 range (larger ones cannot be allocated anyway)."""
+    for name, v, lo in (("input_size", input_size, 0), ("cell_size", cell_size, 1)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
+        if not lo <= v <= 2 ** 31 - 1:
+            raise ValueError(f"{name} must be in [{lo}, 2**31 - 1], got {v}")
+
+
+def _check_input(input: Tensor, rank: int, layout: str) -> None:
+    if input.dim() != rank:
+        raise ValueError(f"input must be {rank}-D ({layout}), got shape {list(input.shape)}")
+
+
 def _initial_state(t: Tensor, batch: int, cell: int, name: str) -> Tensor:
     """A sequence module's initial state, `[1, B, C]` or `[B, C]` (as torch.nn.GRU / nn.LSTM take it)."""
     if t.dim() == 3 and t.size(0) == 1:
@@ -58,6 +72,7 @@ def _ifco_to_icfo(t: Tensor) -> Tensor:
 class _GRUParams(nn.Module):
     def __init__(self, input_size: int, cell_size: int, device=None, dtype=None):
         super().__init__()
+        _check_sizes(input_size, cell_size)
         kw = dict(device=device, dtype=dtype)
         self.input_size = input_size
         self.cell_size = cell_size
@@ -88,6 +103,7 @@ class GRUBlockCell(_GRUParams):
     """
 
     def forward(self, input: Tensor, hx: Optional[Tensor] = None) -> Tensor:
+        _check_input(input, 2, "[B, input_size]")
         if hx is None:
             hx = torch.zeros(input.size(0), self.cell_size, dtype=input.dtype, device=input.device)
         return torch.ops.torchops.gru_block_cell(input, hx, self.w_ru, self.w_c, self.b_ru, self.b_c)[3]
@@ -106,6 +122,7 @@ class BlockGRU(_GRUParams):
         self.batch_first = batch_first
 
     def forward(self, input: Tensor, hx: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        _check_input(input, 3, "[B, T, input_size]" if self.batch_first else "[T, B, input_size]")
         x = input.transpose(0, 1) if self.batch_first else input
         if hx is None:
             h0 = torch.zeros(x.size(1), self.cell_size, dtype=x.dtype, device=x.device)
@@ -120,6 +137,7 @@ class BlockGRU(_GRUParams):
 class _LSTMParams(nn.Module):
     def __init__(self, input_size: int, cell_size: int, use_peephole: bool, device=None, dtype=None):
         super().__init__()
+        _check_sizes(input_size, cell_size)
         kw = dict(device=device, dtype=dtype)
         self.input_size = input_size
         self.cell_size = cell_size
@@ -182,6 +200,7 @@ class LSTMBlockCell(_LSTMParams):
         self._reset(2, 0.0)
 
     def forward(self, input: Tensor, hx: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tensor]:
+        _check_input(input, 2, "[B, input_size]")
         if hx is None:
             z = torch.zeros(input.size(0), self.cell_size, dtype=input.dtype, device=input.device)
             hx = (z, z)
@@ -248,6 +267,7 @@ class BlockLSTM(_LSTMParams):
 
     def forward(self, input: Tensor,
                 hx: Optional[Tuple[Tensor, Tensor]] = None) -> Tuple[Tensor, Tuple[Tensor, Tensor]]:
+        _check_input(input, 3, "[B, T, input_size]" if self.batch_first else "[T, B, input_size]")
         x = input.transpose(0, 1) if self.batch_first else input
         B, C = x.size(1), self.cell_size
         if hx is None:

@@ -36,11 +36,16 @@ _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 # params-buffer layout, pure Python so that it needs no op and can be checked against the ops
 # ---------------------------------------------------------------------------------------------------------
 
-def _check_int(name: str, value: Any, minimum: int) -> int:
+_INT32_MAX = 2 ** 31 - 1  # TF passes the sizes as int32 tensors
+
+
+def _check_int(name: str, value: Any, minimum: int, maximum: int = 2 ** 63 - 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
     return value
 
 
@@ -49,10 +54,10 @@ def _check_config(rnn_mode: str, num_layers: int, num_units: int, input_size: in
     """Validates a configuration; returns whether layer 0 skips its input matrices (skip_input)."""
     if rnn_mode not in _GATES:
         raise ValueError(f"rnn_mode must be one of {sorted(_GATES)}, got {rnn_mode!r}")
-    _check_int("num_layers", num_layers, 1)
-    _check_int("num_units", num_units, 1)
-    _check_int("input_size", input_size, 1)
-    _check_int("num_proj", num_proj, 0)
+    _check_int("num_layers", num_layers, 1, _INT32_MAX)
+    _check_int("num_units", num_units, 1, _INT32_MAX)
+    _check_int("input_size", input_size, 1, _INT32_MAX)
+    _check_int("num_proj", num_proj, 0, _INT32_MAX)
     if direction not in _DIRECTIONS:
         raise ValueError(f"direction must be one of {list(_DIRECTIONS)}, got {direction!r}")
     if input_mode not in _INPUT_MODES:
@@ -95,8 +100,13 @@ def canonical_shapes(rnn_mode: str, num_layers: int, num_units: int, input_size:
 def cudnn_params_size(rnn_mode: str, num_layers: int, num_units: int, input_size: int,
                       direction: str = "unidirectional", input_mode: str = "linear_input", num_proj: int = 0) -> int:
     """Number of elements of the params buffer; equals `cudnn_rnn_params_size`."""
-    weights, biases = canonical_shapes(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
-    return sum(math.prod(s) for s in weights + biases)
+    skip = _check_config(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
+    G, H, P, L = _GATES[rnn_mode], num_units, num_proj, num_layers
+    D = 2 if direction == "bidirectional" else 1
+    O = P if P > 0 else H
+    # closed form (O(1) in num_layers): W of layer 0 and of the others, R (+ projection), b_W and b_R
+    per_dir = G * H * (0 if skip else input_size) + (L - 1) * G * H * D * O + L * (G * H * O + P * H)
+    return D * (per_dir + G * H * (2 * L - (1 if skip else 0)))
 
 
 def _split_params(params: Tensor, weight_shapes: List[List[int]], bias_shapes: List[List[int]]):
@@ -153,10 +163,13 @@ class _CudnnRNN(nn.Module):
         # Training calls made with seed != 0 and dropout > 0: the k-th call uses (seed, seed2 = k), so the mask
         # sequence is reproducible from the seed yet differs between steps (see docs/cudnn_rnn_nn.md).
         self.dropout_step = 0
+        size = cudnn_params_size(self.rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
+        if size >= 2 ** 63:
+            raise ValueError(f"the params size of this configuration ({size} elements) overflows int64: num_layers "
+                             f"{num_layers}, num_units {num_units}, input_size {input_size}")
+        self.params = nn.Parameter(torch.empty(size, device=device, dtype=dtype))
         self._weight_shapes, self._bias_shapes = canonical_shapes(self.rnn_mode, num_layers, num_units, input_size,
                                                                   direction, input_mode, num_proj)
-        size = sum(math.prod(s) for s in self._weight_shapes + self._bias_shapes)
-        self.params = nn.Parameter(torch.empty(size, device=device, dtype=dtype))
         self.reset_parameters()
 
     # -- construction helpers -------------------------------------------------------------------------------
@@ -206,8 +219,8 @@ class _CudnnRNN(nn.Module):
     # -- forward --------------------------------------------------------------------------------------------
 
     def _state(self, state: Optional[Tensor], input: Tensor, batch: int, width: int, name: str) -> Tensor:
-        """The initial state in the op's layout: [L*D, B, n], or [B, L*D, n] with time_major=False (spec rule
-        14); the module itself always takes torch's and TF's layer convention, [L*D, B, n]."""
+        """The initial state in the op's layout: [L*D, B, n], or [B, L*D, n] with time_major=False (the op's
+        batch-major state layout); the module itself always takes torch's and TF's layer convention, [L*D, B, n]."""
         n = self.num_layers * self.num_dirs
         if state is None:
             shape = [n, batch, width] if self.time_major else [batch, n, width]
@@ -241,9 +254,22 @@ class _CudnnRNN(nn.Module):
             if sequence_lengths.dim() != 1 or sequence_lengths.size(0) != B:
                 raise ValueError(f"sequence_lengths must be a 1-D tensor of batch size {B}, got shape "
                                  f"{list(sequence_lengths.shape)}")
-            if sequence_lengths.is_floating_point() or sequence_lengths.is_complex():
+            if (sequence_lengths.is_floating_point() or sequence_lengths.is_complex()
+                    or sequence_lengths.dtype == torch.bool):
                 raise ValueError(f"sequence_lengths must hold integers, got dtype {sequence_lengths.dtype}")
-            lengths = sequence_lengths.to(torch.int32)
+            if sequence_lengths.dtype != torch.int32:
+                if not torch.jit.is_scripting():
+                    if not torch.compiler.is_compiling() and B > 0:
+                        # eager: the exact out-of-range value (the op checks int32 lengths itself); O(B)
+                        bad = (sequence_lengths < 0) | (sequence_lengths > T)
+                        if bool(bad.any()):
+                            b = int(bad.nonzero()[0, 0])
+                            raise ValueError(f"sequence_lengths[{b}] = {int(sequence_lengths[b])} must be in "
+                                             f"[0, max_seq_length = {T}]")
+                # out-of-range lengths stay out of range through the narrowing: the op refuses them
+                lengths = sequence_lengths.clamp(-1, T + 1).to(torch.int32)
+            else:
+                lengths = sequence_lengths
         # Dropout only in training; the op's is_training also decides whether it keeps what the backward
         # needs, so eval-mode calls that need gradients still run with is_training=True (and no dropout).
         needs_grad = torch.is_grad_enabled() and (input.requires_grad or self.params.requires_grad
