@@ -146,6 +146,39 @@ def test_canonical_shapes_spec_example():
     assert b[:6] == [[0]] * 3 + [[3]] * 3 and b[6:9] == [[0]] * 3
 
 
+_LAYOUT_CASES = [(mode, L, H, I, direction, input_mode, P)
+                 for mode in ("lstm", "gru", "rnn_tanh", "rnn_relu")
+                 for L, H, I in ((1, 3, 5), (3, 4, 4), (2, 5, 2))
+                 for direction in ("unidirectional", "bidirectional")
+                 for input_mode in ("linear_input", "skip_input", "auto_select")
+                 for P in ((0, 2) if mode == "lstm" else (0,))
+                 if input_mode != "skip_input" or H == I]
+
+
+@pytest.mark.parametrize("cfg", _LAYOUT_CASES, ids=lambda c: "-".join(map(str, c)))
+def test_python_layout_equals_the_ops(cfg):
+    # The one Python definition of the params layout (torchops/_cudnn_rnn_params.py, used by the modules and the
+    # fake kernels) must give the C++ ops' size and canonical shapes.
+    from torchops import _cudnn_rnn_params as layout
+    from torchops._fake.cudnn_rnn import layout as fake_layout
+    mode, L, H, I, direction, input_mode, P = cfg
+    size = int(torchops.functional.cudnn_rnn_params_size(L, H, I, torch.float32, torch.int64, mode, input_mode,
+                                                         direction, num_proj=P).item())
+    assert cudnn_params_size(*cfg) == size
+    w_py, b_py = canonical_shapes(*cfg)
+    assert sum(math.prod(s) for s in w_py + b_py) == size
+    params = torch.arange(size, dtype=torch.float32)
+    w, b = torchops.functional.cudnn_rnn_params_to_canonical_v2(L, H, I, params, len(w_py), len(b_py), mode,
+                                                                 input_mode, direction, num_proj=P)
+    assert [list(t.shape) for t in w] == w_py and [list(t.shape) for t in b] == b_py
+    # the values are consecutive slices of params in that order, so the offsets agree too
+    flat = torch.cat([t.reshape(-1) for t in w + b])
+    assert torch.equal(flat, params)
+    skip = input_mode == "skip_input" or (input_mode == "auto_select" and H == I)
+    D = 2 if direction == "bidirectional" else 1
+    assert fake_layout(layout.GATES[mode], skip, L, D, H, I, P) == (w_py, b_py, size)
+
+
 def test_default_initialisation():
     torch.manual_seed(0)
     m = CudnnLSTM(2, 5, 3, num_proj=2)

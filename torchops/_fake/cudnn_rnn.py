@@ -1,8 +1,10 @@
 """Fake kernels of the CudnnRNN ops (mirror csrc/cudnn_rnn.cpp): shapes and dtypes only."""
 import torch
 
+from .._cudnn_rnn_params import GATES, canonical_shapes, params_size
+
 _FLOATS = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
-_MODES = {"rnn_relu": 1, "rnn_tanh": 1, "lstm": 4, "gru": 3}
+_MODES = GATES
 _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 _DIRS = {"unidirectional": 1, "bidirectional": 2}
 _HEADER_BYTES = 128
@@ -42,16 +44,8 @@ def _skip(input_mode, i, h):
 
 def layout(g, skip, num_layers, d, h, i, p):
     """(weight shapes, bias shapes, size) of the params buffer."""
-    o = p if p > 0 else h
-    ws, bs = [], []
-    for pl in range(num_layers * d):
-        layer = pl // d
-        width = (0 if skip else i) if layer == 0 else d * o
-        ws += [(h, width)] * g + [(h, o)] * g + ([(p, h)] if p > 0 else [])
-    for pl in range(num_layers * d):
-        bs += [(0 if skip and pl // d == 0 else h,)] * g + [(h,)] * g
-    size = sum(a * b for a, b in ws) + sum(a for (a,) in bs)
-    return ws, bs, size
+    ws, bs = canonical_shapes(g, d, num_layers, h, i, p, skip)
+    return ws, bs, params_size(g, d, num_layers, h, i, p, skip)
 
 
 def _model(num_layers, num_units, input_size, rnn_mode, input_mode, direction, dropout, num_proj):
@@ -103,7 +97,7 @@ def _forward_cfg(input, input_h, input_c, params, lens, rnn_mode, input_mode, di
         h = o
     torch._check(h >= 1, lambda: f"num_units must be >= 1, got {h}")
     skip = _skip(input_mode, i, h)
-    size = layout(g, skip, num_layers, d, h, i, num_proj)[2]
+    size = params_size(g, d, num_layers, h, i, num_proj, skip)
     torch._check(params.dim() == 1, lambda: f"params must be a 1-D tensor, got rank {params.dim()}")
     torch._check(params.shape[0] == size,
                  lambda: f"params has {params.shape[0]} elements, but must have exactly {size} (CudnnRNNParamsSize)")

@@ -25,15 +25,17 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
+from .. import _cudnn_rnn_params as _layout
+
 __all__ = ["CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "CudnnRNNRelu", "canonical_shapes", "cudnn_params_size"]
 
-_GATES = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
+_GATES = _layout.GATES
 _DIRECTIONS = ("unidirectional", "bidirectional")
 _INPUT_MODES = ("linear_input", "skip_input", "auto_select")
 
 
 # ---------------------------------------------------------------------------------------------------------
-# params-buffer layout, pure Python so that it needs no op and can be checked against the ops
+# params-buffer layout: configuration checks here, the layout itself in torchops/_cudnn_rnn_params.py
 # ---------------------------------------------------------------------------------------------------------
 
 _INT32_MAX = 2 ** 31 - 1  # TF passes the sizes as int32 tensors
@@ -80,33 +82,16 @@ def canonical_shapes(rnn_mode: str, num_layers: int, num_units: int, input_size:
 
     skip_input: layer 0's input matrices are `[H, 0]` and its input biases `[0]` (present, empty)."""
     skip = _check_config(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
-    G, H, P = _GATES[rnn_mode], num_units, num_proj
     D = 2 if direction == "bidirectional" else 1
-    O = P if P > 0 else H
-    weights: List[List[int]] = []
-    biases: List[List[int]] = []
-    for layer in range(num_layers):
-        in_l = input_size if layer == 0 else D * O
-        for _ in range(D):
-            w_in = 0 if (layer == 0 and skip) else in_l
-            weights += [[H, w_in] for _ in range(G)] + [[H, O] for _ in range(G)]
-            if P > 0:
-                weights.append([P, H])
-            b_in = 0 if (layer == 0 and skip) else H
-            biases += [[b_in] for _ in range(G)] + [[H] for _ in range(G)]
-    return weights, biases
+    return _layout.canonical_shapes(_GATES[rnn_mode], D, num_layers, num_units, input_size, num_proj, skip)
 
 
 def cudnn_params_size(rnn_mode: str, num_layers: int, num_units: int, input_size: int,
                       direction: str = "unidirectional", input_mode: str = "linear_input", num_proj: int = 0) -> int:
     """Number of elements of the params buffer; equals `cudnn_rnn_params_size`."""
     skip = _check_config(rnn_mode, num_layers, num_units, input_size, direction, input_mode, num_proj)
-    G, H, P, L = _GATES[rnn_mode], num_units, num_proj, num_layers
     D = 2 if direction == "bidirectional" else 1
-    O = P if P > 0 else H
-    # closed form (O(1) in num_layers): W of layer 0 and of the others, R (+ projection), b_W and b_R
-    per_dir = G * H * (0 if skip else input_size) + (L - 1) * G * H * D * O + L * (G * H * O + P * H)
-    return D * (per_dir + G * H * (2 * L - (1 if skip else 0)))
+    return _layout.params_size(_GATES[rnn_mode], D, num_layers, num_units, input_size, num_proj, skip)
 
 
 def _split_params(params: Tensor, weight_shapes: List[List[int]], bias_shapes: List[List[int]]):
