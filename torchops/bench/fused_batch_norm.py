@@ -29,19 +29,23 @@ from ._timing import RATIO_COLUMNS, compare, faults_per_call, output_blocks, pri
 SHAPES = [(32, 64, 56, 56), (64, 256, 14, 14)]
 
 
+def _inputs(shape, layout, device, dtype):
+    """x (in the layout's memory format), float32 scale, offset, running mean and variance, and dy."""
+    x = torch.randn(shape, device=device, dtype=dtype)
+    if layout == "channels_last":
+        x = x.contiguous(memory_format=torch.channels_last)
+    c = shape[1]
+    w = torch.rand(c, device=device) + 0.5
+    b = torch.randn(c, device=device)
+    rm = torch.randn(c, device=device)
+    rv = torch.rand(c, device=device) + 0.5
+    return x, w, b, rm, rv, torch.randn_like(x)
+
+
 def _cases(device, dtype):
     for shape in SHAPES:
         for layout in ("NCHW", "channels_last"):
-            x = torch.randn(shape, device=device, dtype=dtype)
-            if layout == "channels_last":
-                x = x.contiguous(memory_format=torch.channels_last)
-            c = shape[1]
-            u = torch.float32
-            w = torch.rand(c, device=device, dtype=u) + 0.5
-            b = torch.randn(c, device=device, dtype=u)
-            rm = torch.randn(c, device=device, dtype=u)
-            rv = torch.rand(c, device=device, dtype=u) + 0.5
-            dy = torch.randn_like(x)
+            x, w, b, rm, rv, dy = _inputs(shape, layout, device, dtype)
             eps = 1e-3
             ours_train = lambda: torch.ops.torchops.fused_batch_norm_v3(x, w, b, rm, rv, eps, 1.0, "NCHW", True)  # noqa: E731
             nat_train = lambda: torch.ops.aten.native_batch_norm(x, w, b, None, None, True, 0.0, eps)  # noqa: E731
@@ -91,15 +95,7 @@ def _cuda_cases(device, dtype):
     aten = torch.ops.aten
     for shape in SHAPES:
         for layout in ("NCHW", "channels_last"):
-            x = torch.randn(shape, device=device, dtype=dtype)
-            if layout == "channels_last":
-                x = x.contiguous(memory_format=torch.channels_last)
-            c = shape[1]
-            w = torch.rand(c, device=device) + 0.5
-            b = torch.randn(c, device=device)
-            rm = torch.randn(c, device=device)
-            rv = torch.rand(c, device=device) + 0.5
-            dy = torch.randn_like(x)
+            x, w, b, rm, rv, dy = _inputs(shape, layout, device, dtype)
             eps = 1e-3
             op, grad = torch.ops.torchops.fused_batch_norm_v3, torch.ops.torchops.fused_batch_norm_grad_v3
             ours_train = lambda: op(x, w, b, rm, rv, eps, 1.0, "NCHW", True)  # noqa: E731
