@@ -19,7 +19,6 @@ FusedBatchNorm's inference rows also time, in the same rounds:
   aten_mul/clone           ATen's x * 2, a computing pass with the same traffic
   clone_again/clone        x.clone() a second time: the benchmark's own noise
   ops_clone/clone          torch.ops.aten.clone(x): the copy through the torch.ops calling path the op uses
-  *_y_blocks               heap blocks the op's and clone's output rotate over (shared_y_blocks: in common)
 Other families print their own columns (throughput, latency percentiles, speedups); each family module's
 docstring says what it measures.
 """

@@ -1,7 +1,7 @@
 """Timing helpers shared by the benchmark families."""
 import statistics
 import time
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -60,19 +60,6 @@ def faults_per_call(fn: Callable[[], object], device: torch.device, calls: int =
         fn()
     _sync(device)
     return (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / calls
-
-
-def output_blocks(fn: Callable[[], object], calls: int = 20) -> Set[int]:
-    """The distinct addresses fn()'s (first) output takes over `calls` calls, each freed before the next.
-    glibc hands a large freed block back only under some heap layouts; where x and y together about fill the
-    L3, a y that rotates over several blocks is written from DRAM each call where one that comes back stays
-    cached."""
-    seen = set()
-    for _ in range(calls):
-        out = fn()
-        seen.add((out[0] if isinstance(out, tuple) else out).data_ptr())
-        del out
-    return seen
 
 
 def side_by_side(ours: Callable[[], object], native: Callable[[], object], device: torch.device, rounds: int = 3,

@@ -9,9 +9,7 @@ inference pass costs without per-channel coefficients, so its spread over runs s
 computing pass stays on the machine. `clone_again/clone` times `x.clone()` a second time in the same rounds: the
 spread of that ratio over runs is the benchmark's own noise for two identical ops .
 `ops_clone/clone` times the same copy called the way the op is, through `torch.ops`
-(`torch.ops.aten.clone(x)`): what that calling path adds to a pass of this size. `torchops_y_blocks` /
-`clone_y_blocks`: how many heap blocks the output y rotates over in 20 calls (`_timing.output_blocks`);
-`shared_y_blocks`: how many of the op's blocks `clone` takes too (the same physical pages, so the same cache state).
+(`torch.ops.aten.clone(x)`): what that calling path adds to a pass of this size.
 
 On CUDA every row also times what a user's `torch.nn.functional.batch_norm` runs (cuDNN: `cudnn_batch_norm`,
 its backward `cudnn_batch_norm_backward`), `x.clone()` (`clone_GB/s`), and torchops with each route forced
@@ -24,7 +22,7 @@ import os
 
 import torch
 
-from ._timing import RATIO_COLUMNS, compare, faults_per_call, output_blocks, print_table
+from ._timing import RATIO_COLUMNS, compare, faults_per_call, print_table
 
 SHAPES = [(32, 64, 56, 56), (64, 256, 14, 14)]
 
@@ -161,16 +159,10 @@ def run(args):
                "torchops_faults": faults_per_call(ours, device), "native_faults": faults_per_call(native, device)}
         if floor is not None:
             row["clone/native"] = row["clone_ms"] / row["native_ms"]
-            if device.type == "cpu":
-                ours_y, clone_y = output_blocks(ours), output_blocks(floor)
-                row["torchops_y_blocks"], row["clone_y_blocks"] = len(ours_y), len(clone_y)
-                row["shared_y_blocks"] = len(ours_y & clone_y)
         rows.append(row)
     print_table("fused_batch_norm (float32): torchops vs aten.native_batch_norm", rows,
                 ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS + ["torchops_GB/s", "native_GB/s", "torchops_faults",
                                                                      "native_faults", "clone_ms", "clone/native",
                                                                      "torchops/clone", "aten_mul/clone",
-                                                                     "clone_again/clone", "ops_clone/clone",
-                                                                     "torchops_y_blocks", "clone_y_blocks",
-                                                                     "shared_y_blocks"])
+                                                                     "clone_again/clone", "ops_clone/clone"])
     return rows

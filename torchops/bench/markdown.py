@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from typing import Dict, List
 
 # Diagnostic columns of single runs that a reference table leaves out (they explain a number, they are not one).
-_DIAGNOSTIC = ("faults", "blocks", "clone", "aten_mul", "ratio_min", "ratio_max", "GB/s", "cpus")
+_DIAGNOSTIC = ("faults", "clone", "aten_mul", "ratio_min", "ratio_max", "GB/s", "cpus")
 # Summary values of `--repeat` runs shown in the table: ratios, and batching's throughput ratios (the others
 # are diagnostics).
 _REPEAT_VALUES = ("ratio", "ratio_med", "speedup", "of_ceiling", "of_compute_now")
