@@ -12,7 +12,6 @@
 #include "rnn_util.h"
 
 #include <ATen/CPUGeneratorImpl.h>
-#include <ATen/Context.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/add.h>
 #include <ATen/ops/addmm.h>
@@ -20,7 +19,6 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/full.h>
 #include <ATen/ops/tensor.h>
-#include <ATen/ops/mkldnn_rnn_layer.h>
 #include <ATen/ops/mm.h>
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
@@ -29,7 +27,6 @@
 #include <torch/library.h>
 
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <string>
@@ -45,8 +42,6 @@ using rnn_util::rows_of;
 using rnn_util::shared_step_gemm;
 using rnn_util::slice_gemm;
 using rnn_util::StepGemm;
-
-enum Mode { kRelu = 0, kTanh = 1, kLstm = 2, kGru = 3 };
 
 int parse_mode(Str s) {
   if (s == "rnn_relu") return kRelu;
@@ -75,13 +70,6 @@ void check_dropout(double p) {
 }
 
 // The model configuration.
-struct Cfg {
-  int mode = kLstm, G = 4;
-  bool skip = false;
-  int64_t L = 1, D = 1, H = 1, P = 0, O = 1, I = 1;
-  int64_t T = 0, B = 0;  // data sizes (0 for the size/converter ops)
-};
-
 // Resolves skip_input: explicit skip requires I == H; auto_select picks it iff I == H.
 bool resolve_skip(int input_mode, int64_t I, int64_t H) {
   if (input_mode == 1) {
@@ -91,17 +79,6 @@ bool resolve_skip(int input_mode, int64_t I, int64_t H) {
   }
   return input_mode == 2 && I == H;
 }
-
-// ---- params layout: all matrices of every pseudo-layer, then all biases ----
-struct Region {
-  int64_t off, rows, cols;  // cols < 0 marks a bias (1-D, rows elements)
-  int64_t numel() const { return cols < 0 ? rows : rows * cols; }
-};
-struct Layout {
-  std::vector<Region> weights, biases;  // canonical order
-  std::vector<int64_t> w_off, r_off, p_off, bw_off, br_off;  // per pseudo-layer
-  int64_t size = 0;
-};
 
 int64_t in_width(const Cfg& c, int64_t l) { return l == 0 ? (c.skip ? 0 : c.I) : c.D * c.O; }
 
@@ -366,13 +343,22 @@ Res carve(const Cfg& c, bool has_mask, const Tensor& buf) {
   return r;
 }
 
-constexpr int64_t kLensSlot = 12;  // header slot of the sequence lengths' LensDigest
+constexpr int64_t kLensSlot = 12;    // header slot of the sequence lengths' LensDigest
+constexpr int64_t kLayoutSlot = 13;  // who wrote the reserve: the time loops (0) or the library route (1)
+constexpr int64_t kLoopLayout = 0, kLibraryLayout = 1;
 
-std::vector<int64_t> header_of(const Cfg& c, bool has_mask, int64_t total, int64_t lens_digest) {
+std::vector<int64_t> header_of(const Cfg& c, bool has_mask, int64_t total, int64_t lens_digest, int64_t layout) {
   std::vector<int64_t> h(kHeaderLongs, 0);
-  const int64_t v[] = {kMagic, c.mode, c.skip, c.L, c.D, c.H, c.P, c.I, c.T, c.B, has_mask, total, lens_digest};
+  const int64_t v[] = {kMagic, c.mode, c.skip, c.L, c.D,   c.H,         c.P,
+                       c.I,    c.T,    c.B,    has_mask, total, lens_digest, layout};
   std::copy(std::begin(v), std::end(v), h.begin());
   return h;
+}
+
+void write_header(const Tensor& buf, const std::vector<int64_t>& hdr) {
+  buf.narrow(0, 0, header_elems(buf.scalar_type()))
+      .view(at::kLong)
+      .copy_(at::tensor(hdr, at::TensorOptions().dtype(at::kLong)));
 }
 
 // ---- dropout ----
@@ -397,10 +383,8 @@ void fill_masks(Res& r, double p, int64_t seed, int64_t seed2) {
   }
 }
 
-// ---- parameter views of one pseudo-layer ----
-struct PlParams {
-  Tensor W, R, Pm, bW, bR;  // W [G*H, in] (undefined with skip on layer 0), R [G*H, O], Pm [P, H], b* [G*H]
-};
+}  // namespace
+
 PlParams pl_params(const Cfg& c, const Layout& lay, const Tensor& p, int64_t pl) {
   const int64_t l = pl / c.D, in = in_width(c, l), GH = c.G * c.H;
   PlParams v;
@@ -411,6 +395,8 @@ PlParams pl_params(const Cfg& c, const Layout& lay, const Tensor& p, int64_t pl)
   v.bR = p.narrow(0, lay.br_off[pl], GH);
   return v;
 }
+
+namespace {
 
 // ---- forward of one layer and direction ----
 void layer_forward(const Cfg& c, const Layout& lay, const Tensor& p, int64_t l, int64_t d, const Tensor& X,
@@ -586,39 +572,6 @@ void backward_core(const Cfg& c, const Layout& lay, const Tensor& x, const Tenso
   }
 }
 
-// CPU float32 lstm inference through oneDNN's fused LSTM primitive (at::mkldnn_rnn_layer, what
-// torch.nn.LSTM runs on the CPU): its packed weights and fused cell beat per-step MKL GEMMs. Same math;
-// only where it has no gap (no projection, skip_input, masking or training; TORCHOPS_CPU_ONEDNN_RNN=0
-// turns it off).
-bool use_onednn(const Cfg& c, const Kernels& k, at::ScalarType dt, bool is_training, const Tensor& lens) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("TORCHOPS_CPU_ONEDNN_RNN");
-    return e == nullptr || std::string(e) != "0";
-  }();
-  return enabled && k.device == c10::DeviceType::CPU && !is_training && c.mode == kLstm && c.P == 0 && !c.skip &&
-         !lens.defined() && dt == at::kFloat && c.B > 0 && c.I > 0 && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
-}
-
-void onednn_lstm_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0, const Tensor& c0,
-                         const Tensor& p, Tensor& out, const Tensor& hN, const Tensor& cN) {
-  Tensor layer_in = x;
-  for (int64_t l = 0; l < c.L; ++l) {
-    std::vector<Tensor> outs;
-    for (int64_t d = 0; d < c.D; ++d) {
-      const int64_t pl = l * c.D + d;
-      const PlParams w = pl_params(c, lay, p, pl);
-      auto r = at::mkldnn_rnn_layer(layer_in, w.W, w.R, w.bW, w.bR, h0.select(0, pl), c0.select(0, pl), d == 1, {},
-                                    /*mode=lstm*/ 2, c.H, c.L, /*has_biases=*/true, c.D == 2, /*batch_first=*/false,
-                                    /*train=*/false);
-      outs.push_back(std::get<0>(r));
-      hN.select(0, pl).copy_(std::get<1>(r).view({c.B, c.H}));
-      cN.select(0, pl).copy_(std::get<2>(r).view({c.B, c.H}));
-    }
-    layer_in = c.D == 1 ? outs[0] : at::cat(outs, 2);
-  }
-  out = layer_in.contiguous();
-}
-
 Tensor to_tm(const Tensor& t, bool tm) { return tm ? t : t.transpose(0, 1); }
 Tensor prep(const Tensor& t, bool tm, at::ScalarType cdt) { return to_tm(t, tm).to(cdt).contiguous(); }
 Tensor finish(const Tensor& t, bool tm, at::ScalarType dt) { return tm ? t.to(dt) : t.transpose(0, 1).to(dt).contiguous(); }
@@ -643,15 +596,21 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
   int64_t lens_digest = 0;
   const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest);
-  if (use_onednn(c, k, dt, is_training, lens)) {
-    Tensor out;
-    const Tensor hN = at::empty({c.L * c.D, c.B, c.O}, copts), cN = at::empty({c.L * c.D, c.B, c.H}, copts);
-    onednn_lstm_forward(c, lay, x, h0, c0, p, out, hN, cN);
-    return {finish(out, tm, dt), finish(hN, tm, dt), finish(cN, tm, dt), at::empty({0}, input.options()),
-            at::empty({0}, input.options().dtype(at::kChar))};
-  }
   const bool has_mask = is_training && dropout > 0.0 && c.L > 1;
   const int64_t total = reserve_elems(c, has_mask, cdt);
+  if (k.library_forward != nullptr && dt == cdt) {
+    if (auto lib = k.library_forward(c, lay, x, h0, c0, p, lens, dropout, is_training, total)) {
+      Tensor reserve = at::empty({0}, input.options());
+      if (is_training) {
+        TORCH_INTERNAL_ASSERT(lib->reserve.numel() == total);
+        write_header(lib->reserve, header_of(c, has_mask, total, lens_digest, kLibraryLayout));
+        reserve = lib->reserve;
+      }
+      const Tensor output_c = c.mode == kLstm ? finish(lib->cN, tm, dt) : at::zeros({}, input.options());
+      return {finish(lib->out, tm, dt), finish(lib->hN, tm, dt), output_c, reserve,
+              at::empty({0}, input.options().dtype(at::kChar))};
+    }
+  }
   Tensor buf = at::empty({total}, copts);
   Res r = carve(c, has_mask, buf);
   if (has_mask) fill_masks(r, dropout, seed, seed2);
@@ -660,8 +619,7 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   forward_core(c, lay, x, h0, c0, p, lens, r, out, hN, cN, k);
   Tensor reserve;
   if (is_training) {
-    const auto hdr = header_of(c, has_mask, total, lens_digest);
-    buf.narrow(0, 0, header_elems(cdt)).view(at::kLong).copy_(at::tensor(hdr, at::TensorOptions().dtype(at::kLong)));
+    write_header(buf, header_of(c, has_mask, total, lens_digest, kLoopLayout));
     reserve = cdt == dt ? buf : buf.view(dt);
   } else {
     reserve = at::empty({0}, input.options());
@@ -725,9 +683,11 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
   const int64_t total = reserve_elems(c, has_mask, cdt);
   int64_t lens_digest = 0;
   const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest);
-  const auto want = header_of(c, has_mask, total, lens_digest);
+  const int64_t layout = hp[kLayoutSlot] == kLibraryLayout ? kLibraryLayout : kLoopLayout;
+  const auto want = header_of(c, has_mask, total, lens_digest, layout);
   bool same = buf.numel() == total;
   for (int64_t i = 0; i < kHeaderLongs; ++i) same = same && (i == kLensSlot || hp[i] == want[i]);
+  same = same && !(layout == kLibraryLayout && has_mask);  // the library route never keeps masks
   TORCH_CHECK(same, "reserve_space does not match this configuration (it has ", reserve_space.numel(),
               " elements; expected one returned by the training forward of rnn_mode '", std::string(rnn_mode),
               "', ", c.L, " layer(s), ", c.D, " direction(s), num_units ", c.H, ", num_proj ", c.P, ", input_size ",
@@ -741,16 +701,29 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
   const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
   const Tensor dY = prep(output_backprop, tm, cdt), dhN = prep(output_h_backprop, tm, cdt);
   const Tensor dcN = c.mode == kLstm ? prep(output_c_backprop, tm, cdt) : Tensor();
-  Res r = carve(c, has_mask, buf);
   const auto copts = input.options().dtype(cdt);
+  auto result = [&](const Tensor& dx, const Tensor& dh0, const Tensor& dc0, const Tensor& dp) -> T4 {
+    const Tensor params_backprop = dp.to(params.scalar_type());  // (params has exactly lay.size elements)
+    const Tensor dc_out = c.mode == kLstm ? finish(dc0, tm, dt) : at::zeros({}, input.options());
+    return {finish(dx, tm, dt), finish(dh0, tm, dt), dc_out, params_backprop};
+  };
+  const bool library = layout == kLibraryLayout;
+  if (library && k.library_backward != nullptr && dt == cdt) {
+    if (auto g = k.library_backward(c, lay, buf, x, h0, c0, p, dY, dhN, dcN))
+      return result(std::get<0>(*g), std::get<1>(*g), std::get<2>(*g), std::get<3>(*g));
+  }
+  // A library reserve without the library's state (a copy, or another device): recompute with the loops.
+  Res r = carve(c, has_mask, library ? at::empty({total}, copts) : buf);
+  if (library) {
+    const Tensor out = at::empty({c.T, c.B, c.D * c.O}, copts), hN = at::empty({c.L * c.D, c.B, c.O}, copts);
+    const Tensor cN = c.mode == kLstm ? at::empty({c.L * c.D, c.B, c.H}, copts) : Tensor();
+    forward_core(c, lay, x, h0, c0, p, lens, r, out, hN, cN, k);
+  }
   const Tensor dx = at::zeros({c.T, c.B, c.I}, copts), dh0 = at::empty({c.L * c.D, c.B, c.O}, copts);
   const Tensor dc0 = c.mode == kLstm ? at::empty({c.L * c.D, c.B, c.H}, copts) : Tensor();
   const Tensor dp = at::zeros({lay.size}, copts);
   backward_core(c, lay, x, h0, c0, p, lens, r, dY, dhN, dcN, dx, dh0, dc0, dp, k);
-  Tensor params_backprop = at::zeros_like(params, at::MemoryFormat::Contiguous);
-  params_backprop.narrow(0, 0, lay.size).copy_(dp);
-  const Tensor dc_out = c.mode == kLstm ? finish(dc0, tm, dt) : at::zeros({}, input.options());
-  return {finish(dx, tm, dt), finish(dh0, tm, dt), dc_out, params_backprop};
+  return result(dx, dh0, dc0, dp);
 }
 
 // =================================================================================================

@@ -3,17 +3,55 @@
 // device-independent orchestration (GEMMs through ATen, the time loops, dropout, the reserve_space
 // layout) live in csrc/cudnn_rnn.cpp; each backend provides the fused per-step kernels below
 // (csrc/cpu/cudnn_rnn_kernel.cpp, csrc/cuda/cudnn_rnn_kernel.cu) over the scalar math of
-// csrc/common/cudnn_rnn_math.h.
+// csrc/common/cudnn_rnn_math.h, and optionally a whole-op library route (CPU: oneDNN's LSTM,
+// csrc/cpu/cudnn_rnn_onednn.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
+#include <optional>
 #include <string>
 #include <tuple>
+#include <vector>
 
 namespace torchops {
 namespace crnn {
+
+enum Mode { kRelu = 0, kTanh = 1, kLstm = 2, kGru = 3 };
+
+// A validated configuration: G gates, L layers, D directions, H units, P projection (0: none), O = P or H,
+// I input size; T, B data sizes (0 for the size/converter ops).
+struct Cfg {
+  int mode = kLstm, G = 4;
+  bool skip = false;
+  int64_t L = 1, D = 1, H = 1, P = 0, O = 1, I = 1;
+  int64_t T = 0, B = 0;
+};
+
+// ---- params layout: all matrices of every pseudo-layer, then all biases ----
+struct Region {
+  int64_t off, rows, cols;  // cols < 0 marks a bias (1-D, rows elements)
+  int64_t numel() const { return cols < 0 ? rows : rows * cols; }
+};
+struct Layout {
+  std::vector<Region> weights, biases;  // canonical order
+  std::vector<int64_t> w_off, r_off, p_off, bw_off, br_off;  // per pseudo-layer
+  int64_t size = 0;
+};
+
+// Views of one pseudo-layer's (pl = layer * D + direction) parameters in a params buffer.
+struct PlParams {
+  at::Tensor W, R, Pm, bW, bR;  // W [G*H, in] (undefined with skip on layer 0), R [G*H, O], Pm [P, H], b* [G*H]
+};
+PlParams pl_params(const Cfg& c, const Layout& lay, const at::Tensor& p, int64_t pl);
+
+// What a library route's forward returns, time-major in the compute dtype. `reserve` (training only) has the
+// size the orchestration asked for; the orchestration writes its header.
+struct LibraryForward {
+  at::Tensor out, hN, cN, reserve;
+};
+using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
 // Per-step kernels. Every matrix argument is an [nb, n] view with unit column stride and any row
 // stride (stride(0)); all data is in the compute dtype (float32 or float64). `lens` is an int32 [nb]
@@ -49,9 +87,21 @@ struct Kernels {
   void (*rnn_bwd)(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& dg, bool relu, const at::Tensor& lens,
                   int64_t t);
   c10::DeviceType device;
+  // Optional whole-op route through a vendor library, tried after validation with time-major, contiguous
+  // tensors in the compute dtype; nullopt leaves the case to the time loops. A training forward returns a
+  // reserve of `reserve_numel` elements that only library_backward can use.
+  std::optional<LibraryForward> (*library_forward)(const Cfg& c, const Layout& lay, const at::Tensor& x,
+                                                   const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
+                                                   const at::Tensor& lens, double dropout, bool is_training,
+                                                   int64_t reserve_numel) = nullptr;
+  // (dx, dh0, dc0, dp) from a library forward's reserve; nullopt when the reserve no longer carries the
+  // library's state (a copy of it), and the orchestration recomputes the forward with the time loops.
+  std::optional<T4> (*library_backward)(const Cfg& c, const Layout& lay, const at::Tensor& reserve,
+                                        const at::Tensor& x, const at::Tensor& h0, const at::Tensor& c0,
+                                        const at::Tensor& p, const at::Tensor& dY, const at::Tensor& dhN,
+                                        const at::Tensor& dcN) = nullptr;
 };
 
-using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using T5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using Str = c10::string_view;
 

@@ -783,6 +783,105 @@ def test_float32_lstm_inference_matches_training_forward(bi, time_major):
     torch.testing.assert_close(inf[0], y_ref if time_major else y_ref.transpose(0, 1), rtol=1e-5, atol=1e-5)
 
 
+def _lstm_training_case(layers, bi, t=5, b=3, i=4, h=6, seed=2):
+    torch.manual_seed(seed)
+    d = 2 if bi else 1
+    m = torch_module("lstm", i, h, layers, bi, dtype=torch.float32)
+    x = torch.randn(t, b, i)
+    h0, c0 = states("lstm", layers, d, b, h, h, dtype=torch.float32)
+    weights = torch.randn(t, b, d * h), torch.randn(layers * d, b, h), torch.randn(layers * d, b, h)
+    return m, x, h0, c0, weights
+
+
+@pytest.mark.parametrize("layers,bi", [(1, False), (2, False), (1, True), (3, True)])
+def test_float32_lstm_training_matches_torch(layers, bi):
+    # CPU float32 lstm training (oneDNN's forward and backward for one direction, the time loops for two)
+    # against torch.nn.LSTM on the same weights.
+    m, x, h0, c0, (wy, wh, wc) = _lstm_training_case(layers, bi)
+    xr, h0r, c0r = (v.clone().requires_grad_() for v in (x, h0, c0))
+    y, (hn, cn) = m(xr, (h0r, c0r))
+    ((y * wy).sum() + (hn * wh).sum() + (cn * wc).sum()).backward()
+    p = params_of(m).detach().requires_grad_()
+    xo, h0o, c0o = (v.clone().requires_grad_() for v in (x, h0, c0))
+    yo, hno, cno, res = ops.cudnn_rnn(xo, h0o, c0o, p, "lstm", "linear_input", direction(bi))
+    ((yo * wy).sum() + (hno * wh).sum() + (cno * wc).sum()).backward()
+    for a, e in [(yo, y), (hno, hn), (cno, cn), (xo.grad, xr.grad), (h0o.grad, h0r.grad), (c0o.grad, c0r.grad),
+                 (p.grad, grads_of(m))]:
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
+@pytest.mark.parametrize("layers", [1, 2])
+def test_float32_unidirectional_lstm_training_runs_onednn(layers):
+    # One direction trains through the same oneDNN primitives as torch.nn.LSTM: the same bits, forward and
+    # backward (the time loops round differently).
+    m, x, h0, c0, (wy, wh, wc) = _lstm_training_case(layers, False, t=7, b=5, i=9, h=16)
+    xr, h0r, c0r = (v.clone().requires_grad_() for v in (x, h0, c0))
+    y, (hn, cn) = m(xr, (h0r, c0r))
+    ((y * wy).sum() + (hn * wh).sum() + (cn * wc).sum()).backward()
+    p = params_of(m).detach().requires_grad_()
+    xo, h0o, c0o = (v.clone().requires_grad_() for v in (x, h0, c0))
+    yo, hno, cno, res = ops.cudnn_rnn(xo, h0o, c0o, p, "lstm", "linear_input", "unidirectional")
+    ((yo * wy).sum() + (hno * wh).sum() + (cno * wc).sum()).backward()
+    for a, e in [(yo, y), (hno, hn), (cno, cn), (xo.grad, xr.grad), (h0o.grad, h0r.grad), (c0o.grad, c0r.grad)]:
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    torch.testing.assert_close(p.grad, grads_of(m), rtol=1e-6, atol=1e-6)  # (the two biases' sum order differs)
+
+
+@pytest.mark.parametrize("layers,bi", [(2, False), (1, False), (2, True)])
+def test_float32_lstm_backprop_from_a_copied_reserve(layers, bi):
+    # A copy of reserve_space (which does not carry oneDNN's workspace) gives the same gradients, computed
+    # again by the time loops; so does the original used twice, and one whose forward outputs were changed.
+    m, x, h0, c0, _ = _lstm_training_case(layers, bi)
+    p = params_of(m).detach()
+    y, hn, cn, res = F.cudnn_rnn(x, h0, c0, p, "lstm", direction=direction(bi))
+    dy, dh, dc = torch.randn_like(y), torch.randn_like(hn), torch.randn_like(cn)
+    args = (x, h0, c0, p, y, hn, cn, dy, dh, dc)
+    want = F.cudnn_rnn_backprop(*args, res, "lstm", direction=direction(bi))
+    twice = F.cudnn_rnn_backprop(*args, res, "lstm", direction=direction(bi))
+    for a, e in zip(twice, want):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    copy = res.clone()
+    del res
+    got = F.cudnn_rnn_backprop(*args, copy, "lstm", direction=direction(bi))
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+    y2, hn2, cn2, res2 = F.cudnn_rnn(x, h0, c0, p, "lstm", direction=direction(bi))
+    y2.mul_(2), hn2.zero_(), cn2.zero_()  # the op's outputs are not what the backward reads
+    again = F.cudnn_rnn_backprop(*args, res2, "lstm", direction=direction(bi))
+    for a, e in zip(again, want):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    with pytest.raises(RuntimeError, match="reserve_space does not match this configuration"):
+        F.cudnn_rnn_backprop(*args, torch.randn(copy.numel()), "lstm", direction=direction(bi))
+    bad = copy.clone()
+    bad.view(torch.int64)[10] = 1  # a library reserve that claims dropout masks
+    with pytest.raises(RuntimeError, match="reserve_space does not match this configuration"):
+        F.cudnn_rnn_backprop(*args, bad, "lstm", direction=direction(bi))
+
+
+def test_float32_lstm_training_batch_major_and_dropout():
+    # Batch-major V3 input and dropout between layers (which keeps the time loops) train as time-major float64.
+    m, x, h0, c0, _ = _lstm_training_case(2, False)
+    p = params_of(m).detach()
+    xb = x.transpose(0, 1).contiguous().requires_grad_()
+    pb = p.clone().requires_grad_()
+    h0b, c0b = h0.transpose(0, 1).contiguous(), c0.transpose(0, 1).contiguous()  # batch-major states
+    yb, hb, cb, _, _ = F.cudnn_rnn_v3(xb, h0b, c0b, pb, None, "lstm", time_major=False)
+    (yb.square().sum() + hb.sum() + cb.sum()).backward()
+    x64, p64 = x.double().requires_grad_(), p.double().requires_grad_()
+    y64, h64, c64, _ = F.cudnn_rnn(x64, h0.double(), c0.double(), p64, "lstm")
+    (y64.square().sum() + h64.sum() + c64.sum()).backward()
+    torch.testing.assert_close(yb.transpose(0, 1), y64.float(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(xb.grad.transpose(0, 1), x64.grad.float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(pb.grad, p64.grad.float(), rtol=1e-4, atol=1e-5)
+    pd = p.clone().requires_grad_()
+    yd, hd, cd, _ = F.cudnn_rnn(x, h0, c0, pd, "lstm", dropout=0.5, seed=3, seed2=4)
+    (yd.sum() + hd.sum() + cd.sum()).backward()
+    assert torch.isfinite(pd.grad).all() and pd.grad.abs().sum() > 0
+    yd2, _, _, _ = F.cudnn_rnn(x, h0, c0, p, "lstm", dropout=0.5, seed=3, seed2=4)
+    torch.testing.assert_close(yd2, yd.detach(), rtol=0, atol=0)
+
+
 # ------------------------------------------------------------------------------------------ validation
 def valid(mode="lstm", t=3, b=2, i=4, h=5, layers=1, bi=False):
     d = 2 if bi else 1

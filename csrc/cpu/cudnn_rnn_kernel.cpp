@@ -173,6 +173,7 @@ void rnn_bwd_row(int64_t H, const U* __restrict g, const U* __restrict dh, U* __
 // runs one batch slice per thread; each row is a plain loop over the units over the branch-free math of
 // common/cudnn_rnn_math.h, compiled per instruction set so that it vectorizes.
 #include "cpu/cpu_isa.h"
+#include "cpu/cudnn_rnn_onednn.h"
 #include "cudnn_rnn.h"
 
 #include <ATen/Dispatch.h>
@@ -324,7 +325,7 @@ void rnn_bwd_cpu(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& dg
 #undef TORCHOPS_CRNN_DISPATCH
 
 const Kernels kCpu{lstm_fwd_cpu, gru_fwd_cpu,  rnn_fwd_cpu, mask_state_cpu,     bwd_prep_cpu,
-                   lstm_bwd_cpu, gru_bwd_cpu, rnn_bwd_cpu, c10::DeviceType::CPU};
+                   lstm_bwd_cpu, gru_bwd_cpu, rnn_bwd_cpu, c10::DeviceType::CPU, onednn_forward, onednn_backward};
 
 }  // namespace
 }  // namespace crnn

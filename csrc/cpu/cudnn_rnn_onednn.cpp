@@ -1,0 +1,137 @@
+// oneDNN's fused LSTM for CudnnRNN on the CPU: float32 lstm without projection, skip_input or sequence
+// lengths (the cases it computes exactly as the time loops do). Inference runs it for every such
+// configuration (packed weights and a fused cell beat per-step GEMMs). Training runs it for one direction
+// without dropout between layers; bidirectional training stays on the time loops, which run the two
+// directions on separate threads and measure faster. TORCHOPS_CPU_ONEDNN_RNN=0 turns the route off.
+#include "cpu/cudnn_rnn_onednn.h"
+
+#include <ATen/Context.h>
+#include <ATen/ops/cat.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/mkldnn_rnn_layer.h>
+#include <ATen/ops/mkldnn_rnn_layer_backward.h>
+#include <c10/core/GradMode.h>
+#include <c10/core/Storage.h>
+
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+namespace torchops {
+namespace crnn {
+namespace {
+
+using at::Tensor;
+
+bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
+  static const bool enabled = [] {
+    const char* e = std::getenv("TORCHOPS_CPU_ONEDNN_RNN");
+    return e == nullptr || std::string(e) != "0";
+  }();
+  const bool shape_ok = c.mode == kLstm && c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
+  const bool train_ok = !is_training || (c.D == 1 && !(dropout > 0.0 && c.L > 1));
+  return enabled && shape_ok && train_ok && x.scalar_type() == at::kFloat && at::hasMKLDNN() &&
+         at::globalContext().userEnabledMkldnn();
+}
+
+// What the backward needs from a training forward, per pseudo-layer as oneDNN returned them. It is owned by
+// the reserve's storage (the context of its DataPtr), so it lives exactly as long as the reserve and a copy
+// of the reserve does not carry it.
+struct OnednnState {
+  Tensor buf;                            // the reserve's memory (header + unused space)
+  std::vector<Tensor> out, hy, cy, ws;  // out [T, B, H], hy/cy [1, B, H], ws oneDNN's workspace
+};
+
+void delete_state(void* ctx) { delete static_cast<OnednnState*>(ctx); }
+
+const OnednnState* state_of(const Tensor& reserve) {
+  if (!reserve.has_storage() || reserve.storage_offset() != 0) return nullptr;
+  const c10::DataPtr& d = reserve.storage().data_ptr();
+  if (d.get_deleter() != &delete_state) return nullptr;
+  return static_cast<const OnednnState*>(d.get_context());
+}
+
+}  // namespace
+
+std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0,
+                                             const Tensor& c0, const Tensor& p, const Tensor& lens, double dropout,
+                                             bool is_training, int64_t reserve_numel) {
+  if (!covers(c, x, lens, dropout, is_training)) return std::nullopt;
+  auto state = std::make_unique<OnednnState>();
+  // ATen's oneDNN lstm keeps its workspace only in grad mode. Nothing is recorded: the op's kernels run
+  // below the autograd dispatch keys.
+  const at::AutoGradMode grad_mode(is_training);
+  LibraryForward r;
+  r.hN = at::empty({c.L * c.D, c.B, c.H}, x.options());
+  r.cN = at::empty({c.L * c.D, c.B, c.H}, x.options());
+  Tensor layer_in = x;
+  for (int64_t l = 0; l < c.L; ++l) {
+    std::vector<Tensor> outs;
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t pl = l * c.D + d;
+      const PlParams w = pl_params(c, lay, p, pl);
+      auto o = at::mkldnn_rnn_layer(layer_in, w.W, w.R, w.bW, w.bR, h0.select(0, pl), c0.select(0, pl), d == 1, {},
+                                    /*mode=lstm*/ 2, c.H, c.L, /*has_biases=*/true, c.D == 2, /*batch_first=*/false,
+                                    is_training);
+      outs.push_back(std::get<0>(o));
+      r.hN.select(0, pl).copy_(std::get<1>(o).view({c.B, c.H}));
+      r.cN.select(0, pl).copy_(std::get<2>(o).view({c.B, c.H}));
+      if (is_training) {
+        TORCH_INTERNAL_ASSERT(std::get<3>(o).defined(), "oneDNN's lstm returned no workspace in training mode");
+        state->out.push_back(std::get<0>(o));
+        state->hy.push_back(std::get<1>(o));
+        state->cy.push_back(std::get<2>(o));
+        state->ws.push_back(std::get<3>(o));
+      }
+    }
+    layer_in = c.D == 1 ? outs[0] : at::cat(outs, 2);
+  }
+  // The backward reads the saved outputs: the caller gets its own copy of the last layer's.
+  r.out = is_training && c.D == 1 ? layer_in.clone() : layer_in.contiguous();
+  if (is_training) {
+    state->buf = at::empty({reserve_numel}, x.options());
+    const int64_t nbytes = reserve_numel * static_cast<int64_t>(x.element_size());
+    void* data = state->buf.data_ptr();
+    c10::DataPtr dp(data, state.release(), &delete_state, x.device());
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), /*allocator=*/nullptr,
+                         /*resizable=*/false);
+    r.reserve = at::empty({0}, x.options()).set_(storage, 0, {reserve_numel}, {1});
+  }
+  return r;
+}
+
+std::optional<T4> onednn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve, const Tensor& x,
+                                  const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY_last,
+                                  const Tensor& dhN, const Tensor& dcN) {
+  const OnednnState* s = state_of(reserve);
+  if (s == nullptr || static_cast<int64_t>(s->ws.size()) != c.L * c.D) return std::nullopt;
+  const Tensor dh0 = at::empty({c.L * c.D, c.B, c.H}, x.options()), dc0 = at::empty({c.L * c.D, c.B, c.H}, x.options());
+  const Tensor dp = at::empty({lay.size}, x.options());
+  auto dir = [&](const Tensor& t, int64_t d) { return c.D == 1 ? t : t.narrow(2, d * c.H, c.H).contiguous(); };
+  Tensor dY = dY_last;
+  for (int64_t l = c.L - 1; l >= 0; --l) {
+    const Tensor X = l == 0 ? x : c.D == 1 ? s->out[l - 1] : at::cat({s->out[(l - 1) * 2], s->out[(l - 1) * 2 + 1]}, 2);
+    Tensor dX;
+    for (int64_t d = 0; d < c.D; ++d) {
+      const int64_t pl = l * c.D + d;
+      const PlParams w = pl_params(c, lay, p, pl);
+      auto g = at::mkldnn_rnn_layer_backward(X, w.W, w.R, w.bW, w.bR, h0.select(0, pl), c0.select(0, pl), s->out[pl],
+                                             s->hy[pl], s->cy[pl], dir(dY, d), dhN.select(0, pl), dcN.select(0, pl),
+                                             d == 1, /*mode=lstm*/ 2, c.H, c.L, /*has_biases=*/true, /*train=*/true,
+                                             c.D == 2, {}, /*batch_first=*/false, s->ws[pl]);
+      dX = d == 0 ? std::get<0>(g) : dX.add_(std::get<0>(g));
+      const PlParams gw = pl_params(c, lay, dp, pl);
+      gw.W.copy_(std::get<1>(g));
+      gw.R.copy_(std::get<2>(g));
+      gw.bW.copy_(std::get<3>(g));
+      gw.bR.copy_(std::get<4>(g));
+      dh0.select(0, pl).copy_(std::get<5>(g).view({c.B, c.H}));
+      dc0.select(0, pl).copy_(std::get<6>(g).view({c.B, c.H}));
+    }
+    dY = dX;
+  }
+  return T4{dY, dh0, dc0, dp};
+}
+
+}  // namespace crnn
+}  // namespace torchops
