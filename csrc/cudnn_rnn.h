@@ -4,7 +4,7 @@
 // layout) live in csrc/cudnn_rnn.cpp; each backend provides the fused per-step kernels below
 // (csrc/cpu/cudnn_rnn_kernel.cpp, csrc/cuda/cudnn_rnn_kernel.cu) over the scalar math of
 // csrc/common/cudnn_rnn_math.h, and optionally a whole-op library route (CPU: oneDNN's LSTM,
-// csrc/cpu/cudnn_rnn_onednn.cpp).
+// csrc/cpu/cudnn_rnn_onednn.cpp; CUDA: cuDNN, csrc/cuda/cudnn_rnn_cudnn.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>

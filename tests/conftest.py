@@ -19,6 +19,19 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture(autouse=True)
+def fp32_cuda_math():
+    """CUDA results are compared with the CPU at float32 tolerances: TF32 (cuDNN's is on by default, and the
+    CudnnRNN ops run cuDNN on the GPU) is off in tests, for torchops and for the PyTorch references alike."""
+    if not CUDA:
+        yield
+        return
+    saved = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    yield
+    torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = saved
+
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

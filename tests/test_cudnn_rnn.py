@@ -1084,6 +1084,7 @@ def test_torchscript_functional():
 
 
 # ------------------------------------------------------------------------------------------ CUDA
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("bi", [False, True])
@@ -1114,6 +1115,7 @@ def test_cuda_matches_cpu(mode, bi, dtype):
             torch.testing.assert_close(u, v, rtol=tol, atol=tol)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
 def test_cuda_projection_skip_and_dropout():
     m = torch_module("lstm", 4, 6, 2, True, proj=3)
@@ -1126,3 +1128,90 @@ def test_cuda_projection_skip_and_dropout():
                seed2=3)
     for u, v in zip(cpu[:3], gpu[:3]):
         torch.testing.assert_close(u, v.cpu())
+
+
+def _train_step(mode, bi, dev, x, h0, c0, p, time_major=True):
+    """Forward (training) + backward of a fixed loss; returns outputs and input/state/params gradients."""
+    xs, hs, ps = (v.detach().to(dev).requires_grad_() for v in (x, h0, p))
+    cs = c0.detach().to(dev).requires_grad_() if mode == "lstm" else c0.to(dev)
+    y, hn, cn, res, _ = ops.cudnn_rnn_v3(xs, hs, cs, ps, None, mode, "linear_input", direction(bi), 0.0, 0, 0, 0,
+                                         True, time_major)
+    loss = y.double().sin().sum() + hn.double().square().sum()
+    if mode == "lstm":
+        loss = loss + cn.double().sum()
+    loss.backward()
+    grads = [xs.grad, hs.grad, ps.grad] + ([cs.grad] if mode == "lstm" else [])
+    return [v.detach().cpu().double() for v in [y, hn] + grads]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("layers,bi", [(1, False), (2, True)])
+def test_cuda_cudnn_route_matches_loops_and_cpu(mode, layers, bi, monkeypatch):
+    # float32 without lengths, projection or skip input runs cuDNN on the GPU; TORCHOPS_CUDNN_RNN=0 runs the
+    # time loops. Both equal the CPU, batch- and time-major.
+    t, b, i, h = 6, 5, 7, 8
+    m = torch_module(mode, i, h, layers, bi, dtype=torch.float32)
+    p = params_of(m).detach()
+    x = torch.randn(t, b, i)
+    h0, c0 = states(mode, layers, 2 if bi else 1, b, h, h, dtype=torch.float32)
+    cpu = _train_step(mode, bi, "cpu", x, h0, c0, p)
+    route = _train_step(mode, bi, "cuda", x, h0, c0, p)
+    monkeypatch.setenv("TORCHOPS_CUDNN_RNN", "0")
+    loops = _train_step(mode, bi, "cuda", x, h0, c0, p)
+    monkeypatch.delenv("TORCHOPS_CUDNN_RNN")
+    bm = _train_step(mode, bi, "cuda", x.transpose(0, 1), h0.transpose(0, 1), c0.transpose(0, 1) if mode == "lstm"
+                     else c0, p, time_major=False)
+    bm[0], bm[1], bm[2], bm[3] = bm[0].transpose(0, 1), bm[1].transpose(0, 1), bm[2].transpose(0, 1), bm[3].transpose(0, 1)
+    if mode == "lstm":
+        bm[5] = bm[5].transpose(0, 1)
+    for got in (route, loops, bm):
+        for u, v in zip(got, cpu):
+            torch.testing.assert_close(u, v, rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
+@pytest.mark.parametrize("mode", ["lstm", "gru"])
+def test_cuda_cudnn_route_matches_torch_modules(mode):
+    # The same cuDNN kernels as torch.nn.LSTM / GRU on the GPU.
+    m, x, h0, c0, _ = _lstm_training_case(2, True) if mode == "lstm" else (None,) * 5
+    if mode == "gru":
+        m = torch_module("gru", 4, 6, 2, True, dtype=torch.float32)
+        x = torch.randn(5, 3, 4)
+        h0, c0 = states("gru", 2, 2, 3, 6, 6, dtype=torch.float32)
+    m = m.cuda()
+    xr, h0r = x.cuda().requires_grad_(), h0.cuda().requires_grad_()
+    y, hn, cn = run_torch(m, mode, xr, h0r, c0.cuda() if mode == "lstm" else None)
+    (y.sin().sum() + hn.sum() + (cn.sum() if cn is not None else 0)).backward()
+    p = params_of(m).detach().requires_grad_()
+    xo, h0o = x.cuda().requires_grad_(), h0.cuda().requires_grad_()
+    yo, hno, cno, _ = ops.cudnn_rnn(xo, h0o, c0.cuda(), p, mode, "linear_input", "bidirectional")
+    (yo.sin().sum() + hno.sum() + (cno.sum() if mode == "lstm" else 0)).backward()
+    for a, e in [(yo, y), (hno, hn), (xo.grad, xr.grad), (h0o.grad, h0r.grad), (p.grad, grads_of(m))]:
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
+def test_cuda_cudnn_backprop_from_a_copied_reserve():
+    # cuDNN's state lives with the returned reserve_space: a copy gives the same gradients (the time loops
+    # recompute the forward), and the original can be used twice.
+    m, x, h0, c0, _ = _lstm_training_case(2, False)
+    p = params_of(m).detach().cuda()
+    x, h0, c0 = x.cuda(), h0.cuda(), c0.cuda()
+    y, hn, cn, res = F.cudnn_rnn(x, h0, c0, p, "lstm")
+    dy, dh, dc = torch.randn_like(y), torch.randn_like(hn), torch.randn_like(cn)
+    args = (x, h0, c0, p, y, hn, cn, dy, dh, dc)
+    want = F.cudnn_rnn_backprop(*args, res, "lstm")
+    twice = F.cudnn_rnn_backprop(*args, res, "lstm")
+    for a, e in zip(twice, want):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+    got = F.cudnn_rnn_backprop(*args, res.clone(), "lstm")
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    y.mul_(2)  # the op's output is a copy: cuDNN's backward reads its own
+    again = F.cudnn_rnn_backprop(*args, res, "lstm")
+    for a, e in zip(again, want):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)

@@ -1,0 +1,128 @@
+// CudnnRNN through cuDNN, as TensorFlow's GPU kernels run it, via ATen's _cudnn_rnn / _cudnn_rnn_backward
+// (ATen's cuDNN handle, descriptors and plans). Host code only: compiled by the C++ compiler in CUDA builds.
+//
+// Covered: float32, every rnn_mode, one or two directions, linear_input, no projection, full-length sequences,
+// and in training no dropout between layers (TF's seeded masks are torchops' own). The rest runs the time
+// loops. TORCHOPS_CUDNN_RNN=0 turns the route off (read on every call, so one process can compare routes).
+//
+// cuDNN's training state (its reserve, the flat weight buffer it ran with, its outputs) is owned by the
+// returned reserve_space, which keeps the loop's size so that shapes do not depend on the route: its storage is
+// a DataPtr whose context holds that state. A copy of the reserve does not carry it, and the backward then
+// recomputes the forward with the loops.
+#include "cuda/cudnn_rnn_cudnn.h"
+
+#include <ATen/Context.h>
+#include <ATen/detail/CUDAHooksInterface.h>
+#include <ATen/ops/_cudnn_rnn.h>
+#include <ATen/ops/_cudnn_rnn_backward.h>
+#include <ATen/ops/empty.h>
+#include <c10/core/Storage.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+namespace torchops {
+namespace crnn {
+namespace {
+
+using at::Tensor;
+
+bool enabled() {
+  const char* v = std::getenv("TORCHOPS_CUDNN_RNN");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
+  if (std::strcmp(v, "0") == 0) return false;
+  TORCH_CHECK_VALUE(false, "TORCHOPS_CUDNN_RNN must be 1 or 0, got '", v, "'");
+}
+
+bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
+  const bool shape_ok = c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
+  const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
+  return shape_ok && train_ok && x.is_cuda() && x.scalar_type() == at::kFloat && enabled() &&
+         at::globalContext().userEnabledCuDNN() && at::detail::getCUDAHooks().compiledWithCuDNN();
+}
+
+// ATen's weight list: per pseudo-layer w_ih, w_hh, b_ih, b_hh (views of the params buffer p). The gate order
+// of torchops' layout is cuDNN's, which ATen's cuDNN route also uses.
+std::vector<Tensor> weight_list(const Cfg& c, const Layout& lay, const Tensor& p) {
+  std::vector<Tensor> w;
+  for (int64_t pl = 0; pl < c.L * c.D; ++pl) {
+    const PlParams v = pl_params(c, lay, p, pl);
+    w.insert(w.end(), {v.W, v.R, v.bW, v.bR});
+  }
+  return w;
+}
+
+struct CudnnState {
+  Tensor buf;                       // the reserve's memory (header + unused space)
+  Tensor out, hy, cy, reserve, weight_buf;  // as _cudnn_rnn returned them
+};
+
+void delete_state(void* ctx) { delete static_cast<CudnnState*>(ctx); }
+
+const CudnnState* state_of(const Tensor& reserve) {
+  if (!reserve.has_storage() || reserve.storage_offset() != 0) return nullptr;
+  const c10::DataPtr& d = reserve.storage().data_ptr();
+  if (d.get_deleter() != &delete_state) return nullptr;
+  return static_cast<const CudnnState*>(d.get_context());
+}
+
+}  // namespace
+
+std::optional<LibraryForward> cudnn_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0,
+                                            const Tensor& c0, const Tensor& p, const Tensor& lens, double dropout,
+                                            bool is_training, int64_t reserve_numel) {
+  if (!covers(c, x, lens, dropout, is_training)) return std::nullopt;
+  const std::vector<Tensor> w = weight_list(c, lay, p);
+  const std::optional<Tensor> cx = c.mode == kLstm ? std::optional<Tensor>(c0) : std::nullopt;
+  auto o = at::_cudnn_rnn(x, w, /*weight_stride0=*/4, /*weight_buf=*/std::nullopt, h0, cx, c.mode, c.H,
+                          /*proj_size=*/0, c.L, /*batch_first=*/false, /*dropout=*/0.0, is_training, c.D == 2,
+                          /*batch_sizes=*/{}, /*dropout_state=*/std::nullopt);
+  LibraryForward r;
+  const Tensor out = std::get<0>(o), hy = std::get<1>(o), cy = std::get<2>(o);
+  // Training: the backward reads cuDNN's own outputs, so the caller gets copies.
+  r.out = is_training ? out.clone() : out;
+  r.hN = is_training ? hy.clone() : hy;
+  r.cN = c.mode == kLstm ? (is_training ? cy.clone() : cy) : Tensor();
+  if (is_training) {
+    auto state = std::make_unique<CudnnState>();
+    state->out = out;
+    state->hy = hy;
+    state->cy = cy;
+    state->reserve = std::get<3>(o);
+    state->weight_buf = std::get<4>(o);
+    state->buf = at::empty({reserve_numel}, x.options());
+    const int64_t nbytes = reserve_numel * static_cast<int64_t>(x.element_size());
+    void* data = state->buf.data_ptr();
+    c10::DataPtr dp(data, state.release(), &delete_state, x.device());
+    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), /*allocator=*/nullptr,
+                         /*resizable=*/false);
+    r.reserve = at::empty({0}, x.options()).set_(storage, 0, {reserve_numel}, {1});
+  }
+  return r;
+}
+
+std::optional<T4> cudnn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve, const Tensor& x,
+                                 const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY,
+                                 const Tensor& dhN, const Tensor& dcN) {
+  const CudnnState* s = state_of(reserve);
+  if (s == nullptr || !enabled()) return std::nullopt;
+  const std::vector<Tensor> w = weight_list(c, lay, p);
+  const bool lstm = c.mode == kLstm;
+  const std::optional<Tensor> cx = lstm ? std::optional<Tensor>(c0) : std::nullopt;
+  const std::optional<Tensor> dcy = lstm ? std::optional<Tensor>(dcN) : std::nullopt;
+  auto g = at::_cudnn_rnn_backward(x, w, /*weight_stride0=*/4, s->weight_buf, h0, cx, s->out, dY, dhN, dcy, c.mode,
+                                   c.H, /*proj_size=*/0, c.L, /*batch_first=*/false, /*dropout=*/0.0,
+                                   /*train=*/true, c.D == 2, /*batch_sizes=*/{}, /*dropout_state=*/std::nullopt,
+                                   s->reserve, {true, true, lstm, true});
+  const std::vector<Tensor>& dw = std::get<3>(g);
+  TORCH_INTERNAL_ASSERT(dw.size() == w.size(), "cuDNN returned ", dw.size(), " weight gradients, expected ",
+                        w.size());
+  const Tensor dp = at::empty({lay.size}, x.options());
+  const std::vector<Tensor> dst = weight_list(c, lay, dp);
+  for (size_t i = 0; i < dw.size(); ++i) dst[i].copy_(dw[i]);
+  return T4{std::get<0>(g), std::get<1>(g), lstm ? std::get<2>(g) : Tensor(), dp};
+}
+
+}  // namespace crnn
+}  // namespace torchops
