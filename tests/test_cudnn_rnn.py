@@ -1130,12 +1130,12 @@ def test_cuda_projection_skip_and_dropout():
         torch.testing.assert_close(u, v.cpu())
 
 
-def _train_step(mode, bi, dev, x, h0, c0, p, time_major=True):
+def _train_step(mode, bi, dev, x, h0, c0, p, time_major=True, proj=0):
     """Forward (training) + backward of a fixed loss; returns outputs and input/state/params gradients."""
     xs, hs, ps = (v.detach().to(dev).requires_grad_() for v in (x, h0, p))
     cs = c0.detach().to(dev).requires_grad_() if mode == "lstm" else c0.to(dev)
-    y, hn, cn, res, _ = ops.cudnn_rnn_v3(xs, hs, cs, ps, None, mode, "linear_input", direction(bi), 0.0, 0, 0, 0,
-                                         True, time_major)
+    y, hn, cn, res, _ = F.cudnn_rnn_v3(xs, hs, cs, ps, None, mode, direction=direction(bi), num_proj=proj,
+                                       time_major=time_major)
     loss = y.double().sin().sum() + hn.double().square().sum()
     if mode == "lstm":
         loss = loss + cn.double().sum()
@@ -1215,3 +1215,22 @@ def test_cuda_cudnn_backprop_from_a_copied_reserve():
     again = F.cudnn_rnn_backprop(*args, res, "lstm")
     for a, e in zip(again, want):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
+@pytest.mark.parametrize("bi", [False, True])
+def test_cuda_cudnn_projection_and_disabled_cudnn(bi):
+    # lstm with a projection runs cuDNN too; torch.backends.cudnn.flags(enabled=False) takes the time loops.
+    # Both equal the CPU.
+    m = torch_module("lstm", 4, 6, 2, bi, proj=3, dtype=torch.float32)
+    p = params_of(m).detach()
+    x = torch.randn(5, 3, 4)
+    h0, c0 = states("lstm", 2, 2 if bi else 1, 3, 6, 3, dtype=torch.float32)
+    cpu = _train_step("lstm", bi, "cpu", x, h0, c0, p, proj=3)
+    route = _train_step("lstm", bi, "cuda", x, h0, c0, p, proj=3)
+    with torch.backends.cudnn.flags(enabled=False):
+        loops = _train_step("lstm", bi, "cuda", x, h0, c0, p, proj=3)
+    for got in (route, loops):
+        for u, v in zip(got, cpu):
+            torch.testing.assert_close(u, v, rtol=2e-4, atol=2e-4)

@@ -1,8 +1,8 @@
 // CudnnRNN through cuDNN, as TensorFlow's GPU kernels run it, via ATen's _cudnn_rnn / _cudnn_rnn_backward
 // (ATen's cuDNN handle, descriptors and plans). Host code only: compiled by the C++ compiler in CUDA builds.
 //
-// Covered: float32, every rnn_mode, one or two directions, linear_input, no projection, full-length sequences,
-// and in training no dropout between layers (TF's seeded masks are torchops' own). The rest runs the time
+// Covered: float32, every rnn_mode, one or two directions, linear_input, lstm projection, full-length
+// sequences, and in training no dropout between layers (TF's seeded masks are torchops' own). The rest runs the time
 // loops. TORCHOPS_CUDNN_RNN=0 turns the route off (read on every call, so one process can compare routes).
 //
 // cuDNN's training state (its reserve, the flat weight buffer it ran with, its outputs) is owned by the
@@ -36,25 +36,28 @@ bool enabled() {
 }
 
 bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
-  const bool shape_ok = c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
+  const bool shape_ok = !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
   const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
   return shape_ok && train_ok && x.is_cuda() && x.scalar_type() == at::kFloat && enabled() &&
          at::globalContext().userEnabledCuDNN() && at::detail::getCUDAHooks().compiledWithCuDNN();
 }
 
-// ATen's weight list: per pseudo-layer w_ih, w_hh, b_ih, b_hh (views of the params buffer p). The gate order
-// of torchops' layout is cuDNN's, which ATen's cuDNN route also uses.
+// ATen's weight list: per pseudo-layer w_ih, w_hh, b_ih, b_hh (and w_hr with a projection), views of the
+// params buffer p. The gate order of torchops' layout is cuDNN's, which ATen's cuDNN route also uses.
+int64_t weight_stride(const Cfg& c) { return c.P > 0 ? 5 : 4; }
+
 std::vector<Tensor> weight_list(const Cfg& c, const Layout& lay, const Tensor& p) {
   std::vector<Tensor> w;
   for (int64_t pl = 0; pl < c.L * c.D; ++pl) {
     const PlParams v = pl_params(c, lay, p, pl);
     w.insert(w.end(), {v.W, v.R, v.bW, v.bR});
+    if (c.P > 0) w.push_back(v.Pm);
   }
   return w;
 }
 
 struct CudnnState {
-  Tensor buf;                       // the reserve's memory (header + unused space)
+  Tensor buf;                               // the reserve's memory (header + unused space)
   Tensor out, hy, cy, reserve, weight_buf;  // as _cudnn_rnn returned them
 };
 
@@ -75,9 +78,9 @@ std::optional<LibraryForward> cudnn_forward(const Cfg& c, const Layout& lay, con
   if (!covers(c, x, lens, dropout, is_training)) return std::nullopt;
   const std::vector<Tensor> w = weight_list(c, lay, p);
   const std::optional<Tensor> cx = c.mode == kLstm ? std::optional<Tensor>(c0) : std::nullopt;
-  auto o = at::_cudnn_rnn(x, w, /*weight_stride0=*/4, /*weight_buf=*/std::nullopt, h0, cx, c.mode, c.H,
-                          /*proj_size=*/0, c.L, /*batch_first=*/false, /*dropout=*/0.0, is_training, c.D == 2,
-                          /*batch_sizes=*/{}, /*dropout_state=*/std::nullopt);
+  auto o = at::_cudnn_rnn(x, w, weight_stride(c), /*weight_buf=*/std::nullopt, h0, cx, c.mode, c.H, c.P, c.L,
+                          /*batch_first=*/false, /*dropout=*/0.0, is_training, c.D == 2, /*batch_sizes=*/{},
+                          /*dropout_state=*/std::nullopt);
   LibraryForward r;
   const Tensor out = std::get<0>(o), hy = std::get<1>(o), cy = std::get<2>(o);
   // Training: the backward reads cuDNN's own outputs, so the caller gets copies.
@@ -111,8 +114,8 @@ std::optional<T4> cudnn_backward(const Cfg& c, const Layout& lay, const Tensor& 
   const bool lstm = c.mode == kLstm;
   const std::optional<Tensor> cx = lstm ? std::optional<Tensor>(c0) : std::nullopt;
   const std::optional<Tensor> dcy = lstm ? std::optional<Tensor>(dcN) : std::nullopt;
-  auto g = at::_cudnn_rnn_backward(x, w, /*weight_stride0=*/4, s->weight_buf, h0, cx, s->out, dY, dhN, dcy, c.mode,
-                                   c.H, /*proj_size=*/0, c.L, /*batch_first=*/false, /*dropout=*/0.0,
+  auto g = at::_cudnn_rnn_backward(x, w, weight_stride(c), s->weight_buf, h0, cx, s->out, dY, dhN, dcy, c.mode,
+                                   c.H, c.P, c.L, /*batch_first=*/false, /*dropout=*/0.0,
                                    /*train=*/true, c.D == 2, /*batch_sizes=*/{}, /*dropout_state=*/std::nullopt,
                                    s->reserve, {true, true, lstm, true});
   const std::vector<Tensor>& dw = std::get<3>(g);
