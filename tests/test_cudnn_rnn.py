@@ -1130,11 +1130,12 @@ def test_cuda_projection_skip_and_dropout():
         torch.testing.assert_close(u, v.cpu())
 
 
-def _train_step(mode, bi, dev, x, h0, c0, p, time_major=True, proj=0):
+def _train_step(mode, bi, dev, x, h0, c0, p, time_major=True, proj=0, lens=None):
     """Forward (training) + backward of a fixed loss; returns outputs and input/state/params gradients."""
     xs, hs, ps = (v.detach().to(dev).requires_grad_() for v in (x, h0, p))
     cs = c0.detach().to(dev).requires_grad_() if mode == "lstm" else c0.to(dev)
-    y, hn, cn, res, _ = F.cudnn_rnn_v3(xs, hs, cs, ps, None, mode, direction=direction(bi), num_proj=proj,
+    lens = None if lens is None else lens.to(dev)
+    y, hn, cn, res, _ = F.cudnn_rnn_v3(xs, hs, cs, ps, lens, mode, direction=direction(bi), num_proj=proj,
                                        time_major=time_major)
     loss = y.double().sin().sum() + hn.double().square().sum()
     if mode == "lstm":
@@ -1148,21 +1149,23 @@ def _train_step(mode, bi, dev, x, h0, c0, p, time_major=True, proj=0):
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("layers,bi", [(1, False), (2, True)])
-def test_cuda_cudnn_route_matches_loops_and_cpu(mode, layers, bi, monkeypatch):
-    # float32 without lengths, projection or skip input runs cuDNN on the GPU; TORCHOPS_CUDNN_RNN=0 runs the
-    # time loops. Both equal the CPU, batch- and time-major.
+@pytest.mark.parametrize("varlen", [False, True])
+def test_cuda_cudnn_route_matches_loops_and_cpu(mode, layers, bi, varlen, monkeypatch):
+    # float32 without skip input runs cuDNN on the GPU (variable lengths packed: unsorted, one empty);
+    # TORCHOPS_CUDNN_RNN=0 runs the time loops. Both equal the CPU, batch- and time-major.
     t, b, i, h = 6, 5, 7, 8
     m = torch_module(mode, i, h, layers, bi, dtype=torch.float32)
     p = params_of(m).detach()
     x = torch.randn(t, b, i)
     h0, c0 = states(mode, layers, 2 if bi else 1, b, h, h, dtype=torch.float32)
-    cpu = _train_step(mode, bi, "cpu", x, h0, c0, p)
-    route = _train_step(mode, bi, "cuda", x, h0, c0, p)
+    lens = torch.tensor([3, 6, 0, 6, 1], dtype=torch.int32) if varlen else None
+    cpu = _train_step(mode, bi, "cpu", x, h0, c0, p, lens=lens)
+    route = _train_step(mode, bi, "cuda", x, h0, c0, p, lens=lens)
     monkeypatch.setenv("TORCHOPS_CUDNN_RNN", "0")
-    loops = _train_step(mode, bi, "cuda", x, h0, c0, p)
+    loops = _train_step(mode, bi, "cuda", x, h0, c0, p, lens=lens)
     monkeypatch.delenv("TORCHOPS_CUDNN_RNN")
     bm = _train_step(mode, bi, "cuda", x.transpose(0, 1), h0.transpose(0, 1), c0.transpose(0, 1) if mode == "lstm"
-                     else c0, p, time_major=False)
+                     else c0, p, time_major=False, lens=lens)
     bm[0], bm[1], bm[2], bm[3] = bm[0].transpose(0, 1), bm[1].transpose(0, 1), bm[2].transpose(0, 1), bm[3].transpose(0, 1)
     if mode == "lstm":
         bm[5] = bm[5].transpose(0, 1)
