@@ -682,7 +682,7 @@ const Kernels& kernels() {
 // SIMD sums of U are flushed into double totals every few elements (kRowBlock*, kRunChunk).
 #include "common/fused_batch_norm_math.h"
 #include "cpu/cpu_isa.h"
-#include "fused_batch_norm.h"
+#include "fused_batch_norm/fused_batch_norm.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>

@@ -2,7 +2,7 @@
 // on CUDA (see Kernels::library_forward / library_backward in fused_batch_norm.h).
 #pragma once
 
-#include "fused_batch_norm.h"
+#include "fused_batch_norm/fused_batch_norm.h"
 
 namespace torchops {
 namespace fbn {

@@ -1,6 +1,6 @@
 // FusedBatchNormV3 / FusedBatchNormGradV3: schemas, validation (TF's order and key phrases) and the
 // device-independent orchestration around the per-device kernels.
-#include "fused_batch_norm.h"
+#include "fused_batch_norm/fused_batch_norm.h"
 #include "common/arg_checks.h"
 
 #include <ATen/ops/empty.h>
