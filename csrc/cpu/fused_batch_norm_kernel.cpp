@@ -795,27 +795,32 @@ const Kernels& cpu_kernels() {
   return isa_base::kernels();
 }
 
-ForwardResult fused_batch_norm_v3_cpu(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
-                                      const at::Tensor& mean, const at::Tensor& variance, double epsilon,
-                                      double exponential_avg_factor, c10::string_view data_format, bool is_training) {
-  return forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor, data_format, is_training,
-                 cpu_kernels());
+// The Kernels table: each entry runs the build for this CPU's instruction set.
+void cpu_train_forward(const Layout& L, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                       double eps, at::Tensor& y, at::Tensor& mean_out, at::Tensor& var_out) {
+  cpu_kernels().train_forward(L, x, scale, offset, eps, y, mean_out, var_out);
 }
 
-GradResult fused_batch_norm_grad_v3_cpu(const at::Tensor& y_backprop, const at::Tensor& x, const at::Tensor& scale,
-                                        const at::Tensor& reserve_space_1, const at::Tensor& reserve_space_2,
-                                        const at::Tensor& reserve_space_3, double epsilon,
-                                        c10::string_view data_format, bool is_training) {
-  return backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, reserve_space_3, epsilon, data_format,
-                  is_training, cpu_kernels());
+void cpu_infer_forward(const Layout& L, const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                       const at::Tensor& mean, const at::Tensor& var, double eps, at::Tensor& y) {
+  cpu_kernels().infer_forward(L, x, scale, offset, mean, var, eps, y);
 }
+
+void cpu_backward(const Layout& L, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
+                  const at::Tensor& mu, const at::Tensor& var, double eps, bool training, at::Tensor& dx,
+                  at::Tensor& dscale, at::Tensor& doffset) {
+  cpu_kernels().backward(L, dy, x, scale, mu, var, eps, training, dx, dscale, doffset);
+}
+
+const Kernels kCpuKernels{cpu_train_forward, cpu_infer_forward, cpu_backward};
 
 }  // namespace
 }  // namespace fbn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  m.impl("fused_batch_norm_v3", &torchops::fbn::fused_batch_norm_v3_cpu);
-  m.impl("fused_batch_norm_grad_v3", &torchops::fbn::fused_batch_norm_grad_v3_cpu);
+  using namespace torchops::fbn;
+  m.impl("fused_batch_norm_v3", &Impls<kCpuKernels>::fused_batch_norm_v3);
+  m.impl("fused_batch_norm_grad_v3", &Impls<kCpuKernels>::fused_batch_norm_grad_v3);
 }
 #endif  // TORCHOPS_FBN_ISA_SECTION
