@@ -10,7 +10,7 @@
 // Double backward is not supported (TF has none): the grad ops are registered with PyTorch's
 // "not implemented" autograd fallback, so differentiating a gradient raises
 // "derivative for torchops::<grad op> is not implemented".
-#include "block_rnn.h"
+#include "block_rnn/block_rnn.h"
 #include "common/arg_checks.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

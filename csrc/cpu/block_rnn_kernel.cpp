@@ -108,7 +108,7 @@ void lstm_backward_row(int64_t C, const T* __restrict i, const T* __restrict cs,
 // time loop are in csrc/block_rnn.cpp). Rows (batch entries) are split across threads; each row is a
 // plain loop over the cell dimension, with restrict-qualified pointers and compile-time peephole /
 // gate-gradient switches, over the branch-free math of common/block_rnn_math.h so that it vectorizes.
-#include "block_rnn.h"
+#include "block_rnn/block_rnn.h"
 #include "cpu/cpu_isa.h"
 
 #include <ATen/Dispatch.h>

@@ -4,7 +4,7 @@
 // weight) in place and runs one fused elementwise kernel per gate step. The weight/input gradients
 // of a sequence are GEMMs over all steps at once after the time loop. Cells are sequences of length 1.
 // Outputs and workspaces are allocated once per call; the loops write into slices.
-#include "block_rnn.h"
+#include "block_rnn/block_rnn.h"
 #include "common/arg_checks.h"
 #include "common/block_rnn_math.h"
 #include "rnn_util.h"
