@@ -321,15 +321,28 @@ void lstm_backward_cpu(const at::Tensor& i, const at::Tensor& cs, const at::Tens
 
 #undef TORCHOPS_LSTM_BWD_ROW
 
-const Kernels kCpu{gru_gates_cpu,    gru_output_cpu,   gru_backward_a_cpu, gru_backward_b_cpu,
-                   lstm_forward_cpu, lstm_backward_cpu, c10::DeviceType::CPU};
+const Kernels kCpuKernels{gru_gates_cpu, gru_output_cpu, gru_backward_a_cpu, gru_backward_b_cpu,
+                          lstm_forward_cpu, lstm_backward_cpu, c10::DeviceType::CPU};
 
 }  // namespace
 }  // namespace brnn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  torchops::brnn::register_impls<torchops::brnn::kCpu>(m);
+  using namespace torchops::brnn;
+  m.impl("gru_block_cell", &Impls<kCpuKernels>::gru_block_cell);
+  m.impl("gru_block_cell_grad", &Impls<kCpuKernels>::gru_block_cell_grad);
+  m.impl("_gru_block_cell_backward", &Impls<kCpuKernels>::gru_block_cell_backward);
+  m.impl("block_gru", &Impls<kCpuKernels>::block_gru);
+  m.impl("block_gru_grad", &Impls<kCpuKernels>::block_gru_grad);
+  m.impl("lstm_block_cell", &Impls<kCpuKernels>::lstm_block_cell);
+  m.impl("lstm_block_cell_grad", &Impls<kCpuKernels>::lstm_block_cell_grad);
+  m.impl("_lstm_block_cell_backward", &Impls<kCpuKernels>::lstm_block_cell_backward);
+  m.impl("block_lstm", &Impls<kCpuKernels>::block_lstm);
+  m.impl("block_lstm_v2", &Impls<kCpuKernels>::block_lstm_v2);
+  m.impl("block_lstm_grad", &Impls<kCpuKernels>::block_lstm_grad);
+  m.impl("block_lstm_grad_v2", &Impls<kCpuKernels>::block_lstm_grad_v2);
+  m.impl("_block_lstm_backward", &Impls<kCpuKernels>::block_lstm_backward);
 }
 
 #endif  // TORCHOPS_BRNN_ROW_KERNELS
