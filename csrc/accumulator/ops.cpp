@@ -1,11 +1,6 @@
-// ConditionalAccumulator family: the TorchScript custom classes (the accumulator handles), the TF-style
-// ops taking them (schemas + device-independent kernels) and the internal per-device accumulation op.
-// The state machines live in csrc/accumulator/.
-//
-// Every op is registered at CompositeExplicitAutograd (the resource does the work and calls the
-// per-device kernel `_accumulator_add_` itself) and at Autograd with the same function: nothing here is
-// differentiable (the outputs are fresh tensors without history), and the ops that take no tensor
-// (take_gradient) dispatch to the composite kernel anyway.
+// ConditionalAccumulator family: the handles (TorchScript custom classes), their methods and the
+// device-independent kernels of the TF-style ops taking them. The state machines are in core.cpp, the
+// shared-resource registry in registry.cpp; schemas.cpp binds everything here.
 #include "accumulator/accumulator.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -14,7 +9,6 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <c10/util/Exception.h>
 #include <torch/custom_class.h>
-#include <torch/library.h>
 
 #include <ATen/core/grad_mode.h>
 #include <c10/core/InferenceMode.h>
@@ -53,9 +47,6 @@ void accumulate(const at::Tensor& accum, const at::Tensor& grad, bool copy) {
 
 namespace {
 
-using Dense = c10::intrusive_ptr<ConditionalAccumulator>;
-using Sparse = c10::intrusive_ptr<SparseConditionalAccumulator>;
-
 double timeout_or_none(c10::optional<double> timeout) {
   if (!timeout.has_value()) return -1;
   TORCH_CHECK_VALUE(*timeout >= 0, "take_grad: timeout must be None or a non-negative number of seconds, got ",
@@ -70,6 +61,8 @@ std::vector<int64_t> shape_vector(const at::Tensor& shape, const char* what) {
   const int64_t* p = s.const_data_ptr<int64_t>();
   return std::vector<int64_t>(p, p + s.numel());
 }
+
+}  // namespace
 
 // ------------------------------------------------------------------------------------------------ ops
 
@@ -114,10 +107,32 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_take_gradient(const Sparse
 void close_all_op(bool shutdown) { close_all(shutdown); }
 int64_t in_flight_op() { return in_flight(); }
 
-// --------------------------------------------------------------------------------- class helpers
+// ----------------------------------------------------------------------------------- handle methods
+
+void sparse_apply_grad(const Sparse& h, int64_t local_step, const at::Tensor& indices, const at::Tensor& values,
+                       const c10::optional<at::Tensor>& shape) {
+  sparse_apply_gradient(h, local_step, indices, values,
+                        shape.has_value() ? *shape : at::empty({0}, at::TensorOptions().dtype(at::kLong)),
+                        shape.has_value());
+}
 
 template <typename H>
-c10::Dict<std::string, int64_t> stats_dict(const H& h) {
+int64_t handle_global_step(const H& h) {
+  return h->core->global_step();
+}
+
+template <typename H>
+void handle_close(const H& h) {
+  h->core->close();
+}
+
+template <typename H>
+bool handle_closed(const H& h) {
+  return h->core->closed();
+}
+
+template <typename H>
+c10::Dict<std::string, int64_t> handle_stats(const H& h) {
   const Stats s = h->core->stats();
   c10::Dict<std::string, int64_t> d;
   d.insert("applied", s.applied);
@@ -129,147 +144,62 @@ c10::Dict<std::string, int64_t> stats_dict(const H& h) {
 }
 
 template <typename H>
-c10::optional<std::vector<int64_t>> declared_shape(const H& h) {
+c10::ScalarType handle_dtype(const H& h) {
+  return h->core->dtype;
+}
+
+template <typename H>
+c10::optional<std::vector<int64_t>> handle_shape(const H& h) {
   const auto& s = h->core->shape;
   if (!s.known_rank) return c10::nullopt;
   return s.dims;
 }
 
-}  // namespace
+template <typename H>
+std::string handle_container(const H& h) {
+  return h->container;
+}
+
+template <typename H>
+std::string handle_shared_name(const H& h) {
+  return h->shared_name;
+}
+
+template <typename H>
+std::string handle_reduction_type(const H& h) {
+  return h->reduction_type;
+}
+
+// Serialization (torch.jit.save of a module holding one): the creation arguments, not the state; loading
+// creates the accumulator again (a shared one is found by its name if it exists in the process).
+template <typename H>
+HandleState handle_get_state(const H& h) {
+  return std::make_tuple(static_cast<int64_t>(h->core->dtype), handle_shape(h), h->container, h->shared_name,
+                         h->reduction_type);
+}
+
+template <typename C>
+c10::intrusive_ptr<C> handle_set_state(HandleState s) {
+  return c10::make_intrusive<C>(static_cast<c10::ScalarType>(std::get<0>(s)), std::get<1>(s), std::get<2>(s),
+                                std::get<3>(s), std::get<4>(s));
+}
+
+#define TORCHOPS_INSTANTIATE_HANDLE_METHODS(H, C)                              \
+  template int64_t handle_global_step(const H&);                              \
+  template void handle_close(const H&);                                       \
+  template bool handle_closed(const H&);                                      \
+  template c10::Dict<std::string, int64_t> handle_stats(const H&);            \
+  template c10::ScalarType handle_dtype(const H&);                            \
+  template c10::optional<std::vector<int64_t>> handle_shape(const H&);        \
+  template std::string handle_container(const H&);                            \
+  template std::string handle_shared_name(const H&);                          \
+  template std::string handle_reduction_type(const H&);                       \
+  template HandleState handle_get_state(const H&);                            \
+  template c10::intrusive_ptr<C> handle_set_state<C>(HandleState);
+TORCHOPS_INSTANTIATE_HANDLE_METHODS(Dense, ConditionalAccumulator)
+TORCHOPS_INSTANTIATE_HANDLE_METHODS(Sparse, SparseConditionalAccumulator)
+#undef TORCHOPS_INSTANTIATE_HANDLE_METHODS
+
 }  // namespace accumulator
 }  // namespace torchops
 
-TORCH_LIBRARY_FRAGMENT(torchops, m) {
-  using namespace torchops::accumulator;
-  m.class_<ConditionalAccumulator>("ConditionalAccumulator")
-      .def(torch::init<c10::ScalarType, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string>(),
-           "", {torch::arg("dtype"), torch::arg("shape") = c10::nullopt, torch::arg("container") = std::string(),
-                torch::arg("shared_name") = std::string(), torch::arg("reduction_type") = std::string("MEAN")})
-      .def("apply_grad", [](const Dense& self, int64_t local_step, const at::Tensor& grad) {
-        self->core->apply(local_step, grad);
-      })
-      .def("take_grad",
-           [](const Dense& self, int64_t num_required, c10::optional<double> timeout) {
-             return self->core->take_grad(num_required, timeout_or_none(timeout));
-           },
-           "", {torch::arg("num_required"), torch::arg("timeout") = c10::nullopt})
-      .def("num_accumulated", [](const Dense& self) { return self->core->num_accumulated(); })
-      .def("set_global_step", [](const Dense& self, int64_t step) { self->core->set_global_step(step); })
-      .def("global_step", [](const Dense& self) { return self->core->global_step(); })
-      .def("close", [](const Dense& self) { self->core->close(); })
-      .def("closed", [](const Dense& self) { return self->core->closed(); })
-      .def("stats", [](const Dense& self) { return stats_dict(self); })
-      .def("dtype", [](const Dense& self) { return self->core->dtype; })
-      .def("shape", [](const Dense& self) { return declared_shape(self); })
-      .def("container", [](const Dense& self) { return self->container; })
-      .def("shared_name", [](const Dense& self) { return self->shared_name; })
-      .def("reduction_type", [](const Dense& self) { return self->reduction_type; })
-      // Serialization (torch.jit.save of a module holding one): the creation arguments, not the state; loading
-      // creates the accumulator again (a shared one is found by its name if it exists in the process).
-      .def_pickle(
-          [](const Dense& self) {
-            return std::make_tuple(static_cast<int64_t>(self->core->dtype), declared_shape(self), self->container,
-                                   self->shared_name, self->reduction_type);
-          },
-          [](std::tuple<int64_t, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string> s) {
-            return c10::make_intrusive<ConditionalAccumulator>(static_cast<c10::ScalarType>(std::get<0>(s)), std::get<1>(s),
-                                                    std::get<2>(s), std::get<3>(s), std::get<4>(s));
-          });
-
-  m.class_<SparseConditionalAccumulator>("SparseConditionalAccumulator")
-      .def(torch::init<c10::ScalarType, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string>(),
-           "", {torch::arg("dtype"), torch::arg("shape") = c10::nullopt, torch::arg("container") = std::string(),
-                torch::arg("shared_name") = std::string(), torch::arg("reduction_type") = std::string("MEAN")})
-      .def("apply_grad",
-           [](const Sparse& self, int64_t local_step, const at::Tensor& indices, const at::Tensor& values,
-              const c10::optional<at::Tensor>& shape) {
-             sparse_apply_gradient(self, local_step, indices, values,
-                                   shape.has_value() ? *shape : at::empty({0}, at::TensorOptions().dtype(at::kLong)),
-                                   shape.has_value());
-           },
-           "", {torch::arg("local_step"), torch::arg("indices"), torch::arg("values"), torch::arg("shape") = c10::nullopt})
-      .def("apply_sparse_grad", [](const Sparse& self, int64_t local_step, const at::Tensor& grad) {
-        sparse_apply_gradient_coo(self, local_step, grad);
-      })
-      .def("take_grad",
-           [](const Sparse& self, int64_t num_required, c10::optional<double> timeout) {
-             return self->core->take_grad(num_required, timeout_or_none(timeout));
-           },
-           "", {torch::arg("num_required"), torch::arg("timeout") = c10::nullopt})
-      .def("num_accumulated", [](const Sparse& self) { return self->core->num_accumulated(); })
-      .def("set_global_step", [](const Sparse& self, int64_t step) { self->core->set_global_step(step); })
-      .def("global_step", [](const Sparse& self) { return self->core->global_step(); })
-      .def("close", [](const Sparse& self) { self->core->close(); })
-      .def("closed", [](const Sparse& self) { return self->core->closed(); })
-      .def("stats", [](const Sparse& self) { return stats_dict(self); })
-      .def("dtype", [](const Sparse& self) { return self->core->dtype; })
-      .def("shape", [](const Sparse& self) { return declared_shape(self); })
-      .def("container", [](const Sparse& self) { return self->container; })
-      .def("shared_name", [](const Sparse& self) { return self->shared_name; })
-      .def("reduction_type", [](const Sparse& self) { return self->reduction_type; })
-      // Serialization (torch.jit.save of a module holding one): the creation arguments, not the state; loading
-      // creates the accumulator again (a shared one is found by its name if it exists in the process).
-      .def_pickle(
-          [](const Sparse& self) {
-            return std::make_tuple(static_cast<int64_t>(self->core->dtype), declared_shape(self), self->container,
-                                   self->shared_name, self->reduction_type);
-          },
-          [](std::tuple<int64_t, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string> s) {
-            return c10::make_intrusive<SparseConditionalAccumulator>(static_cast<c10::ScalarType>(std::get<0>(s)), std::get<1>(s),
-                                                    std::get<2>(s), std::get<3>(s), std::get<4>(s));
-          });
-
-  // CONSERVATIVE: ops without outputs (or whose result depends on hidden state) must not be dropped or
-  // reordered by TorchScript.
-  const auto conservative = c10::AliasAnalysisKind::CONSERVATIVE;
-  m.def(torch::schema("accumulator_apply_gradient(__torch__.torch.classes.torchops.ConditionalAccumulator handle, "
-                      "int local_step, Tensor gradient) -> ()",
-                      conservative));
-  m.def(torch::schema("accumulator_take_gradient(__torch__.torch.classes.torchops.ConditionalAccumulator handle, "
-                      "int num_required, float? timeout=None) -> Tensor average",
-                      conservative));
-  m.def(torch::schema("accumulator_num_accumulated(__torch__.torch.classes.torchops.ConditionalAccumulator handle) "
-                      "-> int",
-                      conservative));
-  m.def(torch::schema("accumulator_num_accumulated.sparse(__torch__.torch.classes.torchops."
-                      "SparseConditionalAccumulator handle) -> int",
-                      conservative));
-  m.def(torch::schema("accumulator_set_global_step(__torch__.torch.classes.torchops.ConditionalAccumulator handle, "
-                      "int new_global_step) -> ()",
-                      conservative));
-  m.def(torch::schema("accumulator_set_global_step.sparse(__torch__.torch.classes.torchops."
-                      "SparseConditionalAccumulator handle, int new_global_step) -> ()",
-                      conservative));
-  m.def(torch::schema("sparse_accumulator_apply_gradient(__torch__.torch.classes.torchops."
-                      "SparseConditionalAccumulator handle, int local_step, Tensor gradient_indices, "
-                      "Tensor gradient_values, Tensor gradient_shape, bool has_known_shape) -> ()",
-                      conservative));
-  m.def(torch::schema("sparse_accumulator_apply_gradient.sparse_tensor(__torch__.torch.classes.torchops."
-                      "SparseConditionalAccumulator handle, int local_step, Tensor gradient) -> ()",
-                      conservative));
-  m.def(torch::schema("sparse_accumulator_take_gradient(__torch__.torch.classes.torchops."
-                      "SparseConditionalAccumulator handle, int num_required, float? timeout=None) -> "
-                      "(Tensor indices, Tensor values, Tensor shape)",
-                      conservative));
-  // Internal: accum (+)= gradient in place on the gradient's device (per-backend kernels).
-  m.def("_accumulator_add_(Tensor(a!) accum, Tensor gradient, bool copy) -> ()");
-  // Python-front plumbing.
-  m.def("_accumulator_close_all(bool shutdown=False) -> ()", &torchops::accumulator::close_all_op);
-  m.def("_accumulator_in_flight() -> int", &torchops::accumulator::in_flight_op);
-}
-
-#define TORCHOPS_ACCUMULATOR_IMPLS(m)                                                                        \
-  m.impl("accumulator_apply_gradient", &torchops::accumulator::apply_gradient);                             \
-  m.impl("accumulator_take_gradient", &torchops::accumulator::take_gradient);                               \
-  m.impl("accumulator_num_accumulated", &torchops::accumulator::num_accumulated);                           \
-  m.impl("accumulator_num_accumulated.sparse", &torchops::accumulator::num_accumulated_sparse);             \
-  m.impl("accumulator_set_global_step", &torchops::accumulator::set_global_step);                           \
-  m.impl("accumulator_set_global_step.sparse", &torchops::accumulator::set_global_step_sparse);             \
-  m.impl("sparse_accumulator_apply_gradient", &torchops::accumulator::sparse_apply_gradient);               \
-  m.impl("sparse_accumulator_apply_gradient.sparse_tensor", &torchops::accumulator::sparse_apply_gradient_coo); \
-  m.impl("sparse_accumulator_take_gradient", &torchops::accumulator::sparse_take_gradient)
-
-TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) { TORCHOPS_ACCUMULATOR_IMPLS(m); }
-
-// Not differentiable: the same kernels, producing tensors without history.
-TORCH_LIBRARY_IMPL(torchops, Autograd, m) { TORCHOPS_ACCUMULATOR_IMPLS(m); }
