@@ -6,7 +6,7 @@
 // * params_to_canonical(_v2) and canonical_to_params(_v2) are each other's gradients (a split and a
 //   concatenation of the same layout).
 // * The backprop ops and params_size: no derivative ("not implemented" fallback; TF registers none).
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 #include "common/arg_checks.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -3,7 +3,7 @@
 // runs one batch slice per thread; each row is a plain loop over the units over the branch-free math of
 // common/cudnn_rnn_math.h, compiled per instruction set so that it vectorizes.
 #include "cpu/cpu_isa.h"
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/Parallel.h>

@@ -3,7 +3,7 @@
 // device-independent orchestration of csrc/cudnn_rnn.cpp. One thread per (row, unit), grid-stride loops
 // with int64 indices; `lens` (int32, device) masks finished rows.
 #include "common/cudnn_rnn_math.h"
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 #include "cuda/grid_loop.cuh"
 
 #include <ATen/Dispatch.h>

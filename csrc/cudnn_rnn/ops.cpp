@@ -7,7 +7,7 @@
 // (inactive rows keep their state and output 0). The backward runs through time from what the forward
 // kept in reserve_space; weight gradients are GEMMs over all steps after the time loop. float16 and
 // bfloat16 compute in float32 (their reserve_space is the float32 buffer, bit-packed).
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 #include "common/arg_checks.h"
 #include "rnn_util.h"
 
