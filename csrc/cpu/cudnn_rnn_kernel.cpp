@@ -151,14 +151,20 @@ void rnn_bwd_cpu(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& dg
 
 #undef TORCHOPS_CRNN_DISPATCH
 
-const Kernels kCpu{lstm_fwd_cpu, gru_fwd_cpu,  rnn_fwd_cpu, mask_state_cpu,     bwd_prep_cpu,
-                   lstm_bwd_cpu, gru_bwd_cpu, rnn_bwd_cpu, c10::DeviceType::CPU};
+const Kernels kCpuKernels{lstm_fwd_cpu, gru_fwd_cpu, rnn_fwd_cpu, mask_state_cpu, bwd_prep_cpu,
+                          lstm_bwd_cpu, gru_bwd_cpu, rnn_bwd_cpu, c10::DeviceType::CPU};
 
 }  // namespace
 }  // namespace crnn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  torchops::crnn::register_impls<torchops::crnn::kCpu>(m);
+  using namespace torchops::crnn;
+  m.impl("cudnn_rnn", &Impls<kCpuKernels>::v1);
+  m.impl("cudnn_rnn_v2", &Impls<kCpuKernels>::v2);
+  m.impl("cudnn_rnn_v3", &Impls<kCpuKernels>::v3);
+  m.impl("cudnn_rnn_backprop", &Impls<kCpuKernels>::bwd_v1);
+  m.impl("cudnn_rnn_backprop_v2", &Impls<kCpuKernels>::bwd_v2);
+  m.impl("cudnn_rnn_backprop_v3", &Impls<kCpuKernels>::bwd_v3);
 }
 

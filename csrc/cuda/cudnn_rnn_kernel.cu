@@ -257,13 +257,19 @@ void rnn_bwd_cuda(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& d
 
 #undef TORCHOPS_CRNN_LAUNCH
 
-const Kernels kCuda{lstm_fwd_cuda, gru_fwd_cuda,  rnn_fwd_cuda, mask_state_cuda,     bwd_prep_cuda,
-                    lstm_bwd_cuda, gru_bwd_cuda, rnn_bwd_cuda, c10::DeviceType::CUDA};
+const Kernels kCudaKernels{lstm_fwd_cuda, gru_fwd_cuda, rnn_fwd_cuda, mask_state_cuda, bwd_prep_cuda,
+                           lstm_bwd_cuda, gru_bwd_cuda, rnn_bwd_cuda, c10::DeviceType::CUDA};
 
 }  // namespace
 }  // namespace crnn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  torchops::crnn::register_impls<torchops::crnn::kCuda>(m);
+  using namespace torchops::crnn;
+  m.impl("cudnn_rnn", &Impls<kCudaKernels>::v1);
+  m.impl("cudnn_rnn_v2", &Impls<kCudaKernels>::v2);
+  m.impl("cudnn_rnn_v3", &Impls<kCudaKernels>::v3);
+  m.impl("cudnn_rnn_backprop", &Impls<kCudaKernels>::bwd_v1);
+  m.impl("cudnn_rnn_backprop_v2", &Impls<kCudaKernels>::bwd_v2);
+  m.impl("cudnn_rnn_backprop_v3", &Impls<kCudaKernels>::bwd_v3);
 }
