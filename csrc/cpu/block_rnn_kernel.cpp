@@ -1,5 +1,5 @@
 // CPU kernels of the GRU / LSTM block ops: the fused per-step elementwise kernels (the GEMMs and the
-// time loop are in csrc/block_rnn.cpp). Rows (batch entries) are split across threads; each row is a
+// time loop are in csrc/block_rnn/ops.cpp). Rows (batch entries) are split across threads; each row is a
 // plain loop over the cell dimension, with restrict-qualified pointers and compile-time peephole /
 // gate-gradient switches, over the branch-free math of common/block_rnn_math.h so that it vectorizes.
 #include "block_rnn/block_rnn.h"

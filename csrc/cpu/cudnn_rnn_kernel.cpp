@@ -1,5 +1,5 @@
 // CPU kernels of the CudnnRNN ops: the fused per-step elementwise kernels (the GEMMs and the time loops
-// are in csrc/cudnn_rnn.cpp). Rows (batch entries) are split across threads unless the caller already
+// are in csrc/cudnn_rnn/ops.cpp). Rows (batch entries) are split across threads unless the caller already
 // runs one batch slice per thread; each row is a plain loop over the units over the branch-free math of
 // common/cudnn_rnn_math.h, compiled per instruction set so that it vectorizes.
 #include "cpu/cpu_isa.h"

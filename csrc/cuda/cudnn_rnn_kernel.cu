@@ -1,6 +1,6 @@
 // CUDA kernels of the CudnnRNN ops (the generic path): the fused per-step elementwise kernels over the
 // scalar math of common/cudnn_rnn_math.h; the GEMMs (ATen -> cuBLAS) and the time loops are the
-// device-independent orchestration of csrc/cudnn_rnn.cpp. One thread per (row, unit), grid-stride loops
+// device-independent orchestration of csrc/cudnn_rnn/ops.cpp. One thread per (row, unit), grid-stride loops
 // with int64 indices; `lens` (int32, device) masks finished rows.
 #include "common/cudnn_rnn_math.h"
 #include "cudnn_rnn/cudnn_rnn.h"
