@@ -3,10 +3,10 @@
 #include "fused_batch_norm/fused_batch_norm.h"
 #include "common/arg_checks.h"
 
+#include <ATen/DeviceGuard.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/irange.h>
-#include <c10/core/DeviceGuard.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -144,7 +144,7 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
                       double exponential_avg_factor, c10::string_view data_format, bool is_training,
                       const Kernels& kernels) {
   // The kernels and the library routes (cuDNN's handle is per device) run on x's device.
-  const c10::DeviceGuard device_guard(x.device());
+  const c10::OptionalDeviceGuard device_guard(at::device_of(x));
   check_epsilon(epsilon);
   TORCH_CHECK_VALUE(std::isfinite(exponential_avg_factor), "exponential_avg_factor must be finite, got ",
                     exponential_avg_factor);
@@ -231,7 +231,7 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
                     const at::Tensor& reserve_space_3, double epsilon, c10::string_view data_format,
                     bool is_training, const Kernels& kernels) {
   // The kernels and the library routes (cuDNN's handle is per device) run on x's device.
-  const c10::DeviceGuard device_guard(x.device());
+  const c10::OptionalDeviceGuard device_guard(at::device_of(x));
   check_epsilon(epsilon);
   check_defined(reserve_space_3, "reserve_space_3");
   check_x(y_backprop, "y_backprop");
