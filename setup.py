@@ -100,8 +100,9 @@ def write_build_info():
 
 def extension():
     debug = os.environ.get("DEBUG", "0") == "1"
-    sources = sorted(glob.glob("csrc/*.cpp") + glob.glob("csrc/cpu/*.cpp") + glob.glob("csrc/autograd/*.cpp")
-                     + glob.glob("csrc/batching/*.cpp") + glob.glob("csrc/accumulator/*.cpp"))
+    # csrc/*.cpp and every folder's .cpp (family folders, cpu/, autograd/); csrc/cuda/ only in CUDA builds.
+    sources = sorted(glob.glob("csrc/*.cpp")
+                     + [p for p in glob.glob("csrc/*/*.cpp") if os.path.dirname(p) != os.path.join("csrc", "cuda")])
     opt = ["-O0", "-g"] if debug else ["-O3"]
     cxx = opt + ["-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-psabi"]
     link = []

@@ -331,7 +331,7 @@ def test_empty_gradient():
 
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
 def test_internal_add_op_checks_its_operands(device):
-    # _accumulator_add_ is internal (csrc/accumulator.cpp hands it checked operands), but a direct call with
+    # _accumulator_add_ is internal (csrc/accumulator/ops.cpp hands it checked operands), but a direct call with
     # bad operands must raise, not write out of bounds or reinterpret memory.
     add = torch.ops.torchops._accumulator_add_
     acc = torch.zeros(4, device=device)

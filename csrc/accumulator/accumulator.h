@@ -3,7 +3,7 @@
 // A resource ("core") holds the state of one accumulator under one mutex + condition variable: the
 // counter of gradients accepted since the last take, the global step, the accumulated value, the FIFO
 // of pending take attempts, the closed flag and the statistics. Handles (the TorchScript custom
-// classes registered in csrc/accumulator.cpp) point at a core; shared cores are found by
+// classes registered in schemas.cpp) point at a core; shared cores are found by
 // (container, shared_name) in one process-wide registry (registry.cpp). Takes wait with wait_until
 // loops (deadline + closed flag); close() fails every pending take; destructors never block.
 //
@@ -164,6 +164,53 @@ void check_dtype(c10::ScalarType dtype, const char* what);
 c10::ScalarType opmath(c10::ScalarType dtype);
 // accum (+)= grad, in place, on grad's device (copy=true: accum = grad). Calls torchops::_accumulator_add_.
 void accumulate(const at::Tensor& accum, const at::Tensor& grad, bool copy);
+
+// The ops and the handles' methods (ops.cpp), bound in schemas.cpp.
+using Dense = c10::intrusive_ptr<ConditionalAccumulator>;
+using Sparse = c10::intrusive_ptr<SparseConditionalAccumulator>;
+// A handle's pickled state: dtype, declared shape, container, shared_name, reduction_type.
+using HandleState = std::tuple<int64_t, c10::optional<std::vector<int64_t>>, std::string, std::string, std::string>;
+
+void apply_gradient(const Dense& h, int64_t local_step, const at::Tensor& gradient);
+at::Tensor take_gradient(const Dense& h, int64_t num_required, c10::optional<double> timeout);
+int64_t num_accumulated(const Dense& h);
+int64_t num_accumulated_sparse(const Sparse& h);
+void set_global_step(const Dense& h, int64_t step);
+void set_global_step_sparse(const Sparse& h, int64_t step);
+void sparse_apply_gradient(const Sparse& h, int64_t local_step, const at::Tensor& indices, const at::Tensor& values,
+                           const at::Tensor& gradient_shape, bool has_known_shape);
+void sparse_apply_gradient_coo(const Sparse& h, int64_t local_step, const at::Tensor& gradient);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> sparse_take_gradient(const Sparse& h, int64_t num_required,
+                                                                     c10::optional<double> timeout);
+void close_all_op(bool shutdown);
+int64_t in_flight_op();
+
+// SparseConditionalAccumulator.apply_grad: shape None = unknown dense shape.
+void sparse_apply_grad(const Sparse& h, int64_t local_step, const at::Tensor& indices, const at::Tensor& values,
+                       const c10::optional<at::Tensor>& shape);
+// Methods of both handle classes (H = Dense or Sparse; C = the class).
+template <typename H>
+int64_t handle_global_step(const H& h);
+template <typename H>
+void handle_close(const H& h);
+template <typename H>
+bool handle_closed(const H& h);
+template <typename H>
+c10::Dict<std::string, int64_t> handle_stats(const H& h);
+template <typename H>
+c10::ScalarType handle_dtype(const H& h);
+template <typename H>
+c10::optional<std::vector<int64_t>> handle_shape(const H& h);
+template <typename H>
+std::string handle_container(const H& h);
+template <typename H>
+std::string handle_shared_name(const H& h);
+template <typename H>
+std::string handle_reduction_type(const H& h);
+template <typename H>
+HandleState handle_get_state(const H& h);
+template <typename C>
+c10::intrusive_ptr<C> handle_set_state(HandleState s);
 
 }  // namespace accumulator
 }  // namespace torchops

@@ -1,6 +1,6 @@
 // The operand checks of the internal op _accumulator_add_ (accum (+)= gradient), made by both per-device
 // kernels (csrc/cpu/accumulator_kernel.cpp, csrc/cuda/accumulator_kernel.cu) before they touch memory:
-// csrc/accumulator.cpp hands them contiguous operands with accum in the gradient's opmath dtype.
+// csrc/accumulator/ops.cpp hands them contiguous operands with accum in the gradient's opmath dtype.
 #pragma once
 
 #include <ATen/OpMathType.h>

@@ -10,7 +10,7 @@
 // Double backward is not supported (TF has none): the grad ops are registered with PyTorch's
 // "not implemented" autograd fallback, so differentiating a gradient raises
 // "derivative for torchops::<grad op> is not implemented".
-#include "block_rnn.h"
+#include "block_rnn/block_rnn.h"
 #include "common/arg_checks.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -274,9 +274,12 @@ TORCH_LIBRARY_IMPL(torchops, Autograd, m) {
   m.impl("block_lstm", &block_lstm_autograd);
   m.impl("block_lstm_v2", &block_lstm_v2_autograd);
   // Gradient ops: no double backward (clear error when attempted).
-  for (const char* name : {"gru_block_cell_grad", "_gru_block_cell_backward", "block_gru_grad",
-                           "lstm_block_cell_grad", "_lstm_block_cell_backward", "block_lstm_grad",
-                           "block_lstm_grad_v2", "_block_lstm_backward"}) {
-    m.impl(name, torch::autograd::autogradNotImplementedFallback());
-  }
+  m.impl("gru_block_cell_grad", torch::autograd::autogradNotImplementedFallback());
+  m.impl("_gru_block_cell_backward", torch::autograd::autogradNotImplementedFallback());
+  m.impl("block_gru_grad", torch::autograd::autogradNotImplementedFallback());
+  m.impl("lstm_block_cell_grad", torch::autograd::autogradNotImplementedFallback());
+  m.impl("_lstm_block_cell_backward", torch::autograd::autogradNotImplementedFallback());
+  m.impl("block_lstm_grad", torch::autograd::autogradNotImplementedFallback());
+  m.impl("block_lstm_grad_v2", torch::autograd::autogradNotImplementedFallback());
+  m.impl("_block_lstm_backward", torch::autograd::autogradNotImplementedFallback());
 }

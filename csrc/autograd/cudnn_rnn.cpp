@@ -6,7 +6,7 @@
 // * params_to_canonical(_v2) and canonical_to_params(_v2) are each other's gradients (a split and a
 //   concatenation of the same layout).
 // * The backprop ops and params_size: no derivative ("not implemented" fallback; TF registers none).
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 #include "common/arg_checks.h"
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -310,8 +310,8 @@ TORCH_LIBRARY_IMPL(torchops, Autograd, m) {
   m.impl("cudnn_rnn_params_to_canonical_v2", &to_canonical_v2_autograd);
   m.impl("cudnn_rnn_canonical_to_params", &to_params_autograd);
   m.impl("cudnn_rnn_canonical_to_params_v2", &to_params_v2_autograd);
-  for (const char* name : {"cudnn_rnn_backprop", "cudnn_rnn_backprop_v2", "cudnn_rnn_backprop_v3",
-                           "cudnn_rnn_params_size"}) {
-    m.impl(name, torch::autograd::autogradNotImplementedFallback());
-  }
+  m.impl("cudnn_rnn_backprop", torch::autograd::autogradNotImplementedFallback());
+  m.impl("cudnn_rnn_backprop_v2", torch::autograd::autogradNotImplementedFallback());
+  m.impl("cudnn_rnn_backprop_v3", torch::autograd::autogradNotImplementedFallback());
+  m.impl("cudnn_rnn_params_size", torch::autograd::autogradNotImplementedFallback());
 }

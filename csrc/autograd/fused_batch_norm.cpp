@@ -1,7 +1,7 @@
 // Autograd of FusedBatchNormV3 (backward = FusedBatchNormGradV3) and of FusedBatchNormGradV3 (TF's
 // second-order formulas), registered at the Autograd key so that eager, TorchScript and
 // libtorch all differentiate through the ops without Python.
-#include "fused_batch_norm.h"
+#include "fused_batch_norm/fused_batch_norm.h"
 
 #include <ATen/TensorOperators.h>
 #include <ATen/core/dispatch/Dispatcher.h>

@@ -26,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <unordered_map>
 #include <vector>
 
@@ -201,6 +202,31 @@ int64_t new_id();
 // a non-empty batch's rows, with the id of its batch_index's last row) so that the calls held back by
 // this thread's last batch are released before the thread blocks or once it has unbatched.
 void on_batching_call(const int64_t* last_row_id);
+
+// The ops (ops.cpp), registered in schemas.cpp.
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
+    at::TensorList in_tensors, int64_t num_batch_threads, int64_t max_batch_size, int64_t batch_timeout_micros,
+    int64_t grad_timeout_micros, int64_t max_enqueued_batches, at::IntArrayRef allowed_batch_sizes,
+    c10::string_view container, c10::string_view shared_name, c10::string_view batching_queue);
+at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& batch_index, const at::Tensor& id,
+                          int64_t timeout_micros, c10::string_view container, c10::string_view shared_name);
+std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor, std::vector<at::Tensor>> batch_then_unbatch_kernel(
+    at::TensorList in_tensors, int64_t num_batch_threads, int64_t max_batch_size, int64_t batch_timeout_micros,
+    int64_t grad_timeout_micros, int64_t max_enqueued_batches, at::IntArrayRef allowed_batch_sizes,
+    c10::string_view container, c10::string_view shared_name, c10::string_view batching_queue,
+    const std::vector<std::string>& unbatch_names, int64_t unbatch_timeout_micros);
+at::Tensor unbatch_grad_kernel(const at::Tensor& original_input, const at::Tensor& batch_index, const at::Tensor& grad,
+                               const at::Tensor& id, c10::string_view container, c10::string_view shared_name,
+                               int64_t timeout_micros);
+std::string batching_stats(c10::string_view container, c10::string_view shared_name,
+                           c10::string_view batching_queue);
+std::string batching_list_queues();
+void batching_close_all(bool shutdown);
+int64_t batching_in_flight();
+void unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::string_view container,
+                  c10::string_view shared_name, int64_t timeout_micros);
+void arm_unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c10::string_view container,
+                      c10::string_view shared_name, int64_t timeout_micros);
 
 }  // namespace batching
 }  // namespace torchops

@@ -1,6 +1,6 @@
 // CPU kernel of the accumulators' in-place accumulation: accum (+)= gradient, where accum is the
 // accumulator's own contiguous buffer in the opmath dtype (float for half/bfloat16 gradients) and
-// gradient is contiguous (csrc/accumulator.cpp makes it so). Memory-bound: one pass, vectorized (by the compiler),
+// gradient is contiguous (csrc/accumulator/ops.cpp makes it so). Memory-bound: one pass, vectorized (by the compiler),
 // split over threads in chunks large enough to amortise the fork.
 #include "accumulator/add_checks.h"
 

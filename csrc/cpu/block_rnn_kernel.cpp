@@ -1,114 +1,8 @@
-#ifdef TORCHOPS_BRNN_ROW_KERNELS
-// ---- row kernels (one batch row, loop over the cell dimension); see isa_* below ----
-template <typename T>
-void gru_gates_row(int64_t C, const T* __restrict ru, const T* __restrict hp, T* __restrict r, T* __restrict u,
-                   T* __restrict hr) {
-  using U = opm<T>;
-  for (int64_t c = 0; c < C; ++c) {
-    const GruGates<U> g = gru_gates<U>(static_cast<U>(ru[c]), static_cast<U>(ru[C + c]), static_cast<U>(hp[c]));
-    r[c] = static_cast<T>(g.r);
-    u[c] = static_cast<T>(g.u);
-    hr[c] = static_cast<T>(g.hr);
-  }
-}
-
-template <typename T>
-void gru_output_row(int64_t C, const T* __restrict cb, const T* __restrict u, const T* __restrict hp,
-                    T* __restrict c, T* __restrict h) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const GruOutput<U> o = gru_output<U>(static_cast<U>(cb[k]), static_cast<U>(u[k]), static_cast<U>(hp[k]));
-    c[k] = static_cast<T>(o.c);
-    h[k] = static_cast<T>(o.h);
-  }
-}
-
-template <typename T, bool GATES>
-void gru_backward_a_row(int64_t C, const T* __restrict hg, const T* __restrict carry, const T* __restrict gu,
-                        const T* __restrict gc, const T* __restrict u, const T* __restrict c,
-                        const T* __restrict hp, T* __restrict dh, T* __restrict dcb, T* __restrict dub) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const U d = static_cast<U>(hg[k]) + static_cast<U>(carry[k]);
-    const GruBwdA<U> o = gru_backward_a<U>(d, GATES ? static_cast<U>(gu[k]) : U(0),
-                                           GATES ? static_cast<U>(gc[k]) : U(0), static_cast<U>(u[k]),
-                                           static_cast<U>(c[k]), static_cast<U>(hp[k]));
-    dh[k] = static_cast<T>(d);
-    dcb[k] = static_cast<T>(o.d_c_bar);
-    dub[k] = static_cast<T>(o.d_u_bar);
-  }
-}
-
-template <typename T, bool GATES, bool HR>
-void gru_backward_b_row(int64_t C, const T* __restrict dhr, const T* __restrict gr, const T* __restrict dh,
-                        const T* __restrict r, const T* __restrict u, const T* __restrict hp, T* __restrict drb,
-                        T* __restrict part, T* __restrict hr) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const GruBwdB<U> o =
-        gru_backward_b<U>(static_cast<U>(dhr[k]), GATES ? static_cast<U>(gr[k]) : U(0), static_cast<U>(dh[k]),
-                          static_cast<U>(r[k]), static_cast<U>(u[k]), static_cast<U>(hp[k]));
-    drb[k] = static_cast<T>(o.d_r_bar);
-    part[k] = static_cast<T>(o.d_h_prev_part);
-    if (HR) hr[k] = static_cast<T>(o.hr);
-  }
-}
-
-template <typename T, bool PEEP>
-void lstm_forward_row(int64_t C, const T* __restrict gi, const T* __restrict gci, const T* __restrict gf,
-                      const T* __restrict go, const T* __restrict csp, const T* __restrict wci,
-                      const T* __restrict wcf, const T* __restrict wco, opm<T> fb, opm<T> clip, T* __restrict i,
-                      T* __restrict cs, T* __restrict f, T* __restrict o, T* __restrict ci, T* __restrict co,
-                      T* __restrict h) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const LstmForward<U> r = lstm_forward<U>(
-        static_cast<U>(gi[k]), static_cast<U>(gci[k]), static_cast<U>(gf[k]), static_cast<U>(go[k]),
-        static_cast<U>(csp[k]), PEEP ? static_cast<U>(wci[k]) : U(0), PEEP ? static_cast<U>(wcf[k]) : U(0),
-        PEEP ? static_cast<U>(wco[k]) : U(0), fb, clip, PEEP);
-    i[k] = static_cast<T>(r.i);
-    cs[k] = static_cast<T>(r.cs);
-    f[k] = static_cast<T>(r.f);
-    o[k] = static_cast<T>(r.o);
-    ci[k] = static_cast<T>(r.ci);
-    co[k] = static_cast<T>(r.co);
-    h[k] = static_cast<T>(r.h);
-  }
-}
-
-template <typename T, bool PEEP, bool GATES>
-void lstm_backward_row(int64_t C, const T* __restrict i, const T* __restrict cs, const T* __restrict f,
-                       const T* __restrict o, const T* __restrict ci, const T* __restrict co,
-                       const T* __restrict csp, const T* __restrict wci, const T* __restrict wcf,
-                       const T* __restrict wco, const T* __restrict hg, const T* __restrict dhc,
-                       const T* __restrict csg, const T* __restrict gi, const T* __restrict gf,
-                       const T* __restrict go, const T* __restrict gci, const T* __restrict gco, T* __restrict di,
-                       T* __restrict dci, T* __restrict df, T* __restrict dout, T* __restrict dcs) {
-  using U = opm<T>;
-  for (int64_t k = 0; k < C; ++k) {
-    const U dh = static_cast<U>(hg[k]) + static_cast<U>(dhc[k]);
-    const U dcs_in = static_cast<U>(csg[k]) + static_cast<U>(dcs[k]);
-    const LstmBackward<U> r = lstm_backward<U>(
-        static_cast<U>(i[k]), static_cast<U>(cs[k]), static_cast<U>(f[k]), static_cast<U>(o[k]),
-        static_cast<U>(ci[k]), static_cast<U>(co[k]), static_cast<U>(csp[k]), PEEP ? static_cast<U>(wci[k]) : U(0),
-        PEEP ? static_cast<U>(wcf[k]) : U(0), PEEP ? static_cast<U>(wco[k]) : U(0), dh, dcs_in,
-        GATES ? static_cast<U>(gi[k]) : U(0), GATES ? static_cast<U>(gf[k]) : U(0),
-        GATES ? static_cast<U>(go[k]) : U(0), GATES ? static_cast<U>(gci[k]) : U(0),
-        GATES ? static_cast<U>(gco[k]) : U(0), PEEP, GATES);
-    di[k] = static_cast<T>(r.di);
-    dci[k] = static_cast<T>(r.dci);
-    df[k] = static_cast<T>(r.df);
-    dout[k] = static_cast<T>(r.do_);
-    dcs[k] = static_cast<T>(r.cs_prev_grad);
-  }
-}
-
-#else  // TORCHOPS_BRNN_ROW_KERNELS
 // CPU kernels of the GRU / LSTM block ops: the fused per-step elementwise kernels (the GEMMs and the
-// time loop are in csrc/block_rnn.cpp). Rows (batch entries) are split across threads; each row is a
+// time loop are in csrc/block_rnn/ops.cpp). Rows (batch entries) are split across threads; each row is a
 // plain loop over the cell dimension, with restrict-qualified pointers and compile-time peephole /
 // gate-gradient switches, over the branch-free math of common/block_rnn_math.h so that it vectorizes.
-#include "block_rnn.h"
+#include "block_rnn/block_rnn.h"
 #include "cpu/cpu_isa.h"
 
 #include <ATen/Dispatch.h>
@@ -141,15 +35,12 @@ template <typename T>
 using opm = at::opmath_type<T>;
 
 // Row kernels, compiled three times: for the baseline ISA, AVX2+FMA and AVX-512 (x86-64 with GCC),
-// picked at run time by what the CPU supports (csrc/cpu/cpu_isa.h). The section below re-includes
-// this file with TORCHOPS_BRNN_ROW_KERNELS defined, which emits only the row kernels.
-#define TORCHOPS_BRNN_ROW_KERNELS
-#define TORCHOPS_ISA_SELF "cpu/block_rnn_kernel.cpp"
+// picked at run time by what the CPU supports (csrc/cpu/cpu_isa.h). They are in block_rnn_kernel_isa.h.
+#define TORCHOPS_ISA_SELF "cpu/block_rnn_kernel_isa.h"
 #define TORCHOPS_ISA_AVX512 1
 #include "cpu/cpu_isa_sections.h"
 #undef TORCHOPS_ISA_AVX512
 #undef TORCHOPS_ISA_SELF
-#undef TORCHOPS_BRNN_ROW_KERNELS
 
 using cpu::isa_level;
 
@@ -321,15 +212,27 @@ void lstm_backward_cpu(const at::Tensor& i, const at::Tensor& cs, const at::Tens
 
 #undef TORCHOPS_LSTM_BWD_ROW
 
-const Kernels kCpu{gru_gates_cpu,    gru_output_cpu,   gru_backward_a_cpu, gru_backward_b_cpu,
-                   lstm_forward_cpu, lstm_backward_cpu, c10::DeviceType::CPU};
+const Kernels kCpuKernels{gru_gates_cpu, gru_output_cpu, gru_backward_a_cpu, gru_backward_b_cpu,
+                          lstm_forward_cpu, lstm_backward_cpu, c10::DeviceType::CPU};
 
 }  // namespace
 }  // namespace brnn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CPU, m) {
-  torchops::brnn::register_impls<torchops::brnn::kCpu>(m);
+  using namespace torchops::brnn;
+  m.impl("gru_block_cell", &Impls<kCpuKernels>::gru_block_cell);
+  m.impl("gru_block_cell_grad", &Impls<kCpuKernels>::gru_block_cell_grad);
+  m.impl("_gru_block_cell_backward", &Impls<kCpuKernels>::gru_block_cell_backward);
+  m.impl("block_gru", &Impls<kCpuKernels>::block_gru);
+  m.impl("block_gru_grad", &Impls<kCpuKernels>::block_gru_grad);
+  m.impl("lstm_block_cell", &Impls<kCpuKernels>::lstm_block_cell);
+  m.impl("lstm_block_cell_grad", &Impls<kCpuKernels>::lstm_block_cell_grad);
+  m.impl("_lstm_block_cell_backward", &Impls<kCpuKernels>::lstm_block_cell_backward);
+  m.impl("block_lstm", &Impls<kCpuKernels>::block_lstm);
+  m.impl("block_lstm_v2", &Impls<kCpuKernels>::block_lstm_v2);
+  m.impl("block_lstm_grad", &Impls<kCpuKernels>::block_lstm_grad);
+  m.impl("block_lstm_grad_v2", &Impls<kCpuKernels>::block_lstm_grad_v2);
+  m.impl("_block_lstm_backward", &Impls<kCpuKernels>::block_lstm_backward);
 }
 
-#endif  // TORCHOPS_BRNN_ROW_KERNELS

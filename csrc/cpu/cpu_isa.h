@@ -1,9 +1,10 @@
 // Per-instruction-set builds of CPU kernels, one mechanism for every family.
 //
-// A family's CPU kernel file re-includes its own hot-loop section (through cpu_isa_sections.h) inside
-// namespaces `isa_base`, `isa_avx2` (under `#pragma GCC target("avx2,fma")`) and, where wider vectors
-// pay, `isa_avx512`, after every header it needs has been included at the baseline ISA, so only torchops' own
-// functions get wider code and no inline library function is emitted twice. `isa_level()` picks the
+// A family's hot loops live in cpu/<family>_kernel_isa.h; its kernel file cpu/<family>_kernel.cpp includes
+// them (through cpu_isa_sections.h) inside namespaces `isa_base`, `isa_avx2` (under
+// `#pragma GCC target("avx2,fma")`) and, where wider vectors pay, `isa_avx512`, after every header it needs
+// has been included at the baseline ISA, so only torchops' own functions get wider code and no inline
+// library function is emitted twice. `isa_level()` picks the
 // build at run time, so one binary runs on any x86-64 (and elsewhere uses the baseline build only).
 #pragma once
 

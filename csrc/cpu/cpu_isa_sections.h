@@ -1,8 +1,8 @@
-// Emits the including file's kernel section once per instruction set (see cpu_isa.h). Deliberately
-// without include guard: a family's kernel file defines its section macro, TORCHOPS_ISA_SELF (its own
-// include path) and TORCHOPS_ISA_AVX512 (0 or 1), then includes this header inside its namespace.
+// Emits a family's per-ISA loops (cpu/<family>_kernel_isa.h) once per instruction set (see cpu_isa.h).
+// Deliberately without include guard: a family's kernel file defines TORCHOPS_ISA_SELF (the include path
+// of its _isa.h) and TORCHOPS_ISA_AVX512 (0 or 1), then includes this header inside its namespace.
 #ifndef TORCHOPS_ISA_SELF
-#error "define TORCHOPS_ISA_SELF (the including file's path) before including cpu/cpu_isa_sections.h"
+#error "define TORCHOPS_ISA_SELF (the path of the _isa.h to emit) before including cpu/cpu_isa_sections.h"
 #endif
 
 // TORCHOPS_ISA_LEVEL (0, 1, 2: as isa_level()) tells a section which build it is: in C++ GCC does not

@@ -2,7 +2,7 @@
 // torch.nn.LSTM runs on the CPU. The CPU Kernels table (csrc/cpu/cudnn_rnn_kernel.cpp) points at these.
 #pragma once
 
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 
 namespace torchops {
 namespace crnn {

@@ -1,5 +1,5 @@
 // CUDA kernel of the accumulators' in-place accumulation: accum (+)= gradient on the current stream,
-// accum in the opmath dtype (float for half/bfloat16). Both contiguous (see csrc/accumulator.cpp).
+// accum in the opmath dtype (float for half/bfloat16). Both contiguous (see csrc/accumulator/ops.cpp).
 #include "accumulator/add_checks.h"
 
 #include <ATen/Dispatch.h>

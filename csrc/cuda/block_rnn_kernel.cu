@@ -1,7 +1,7 @@
 // CUDA kernels of the GRU / LSTM block ops: the fused per-step elementwise kernels (the GEMMs, through
-// ATen -> cuBLAS, and the time loop are in csrc/block_rnn.cpp). One thread per (batch row, cell)
+// ATen -> cuBLAS, and the time loop are in csrc/block_rnn/ops.cpp). One thread per (batch row, cell)
 // element, grid-stride loops with int64 indices, the scalar math of common/block_rnn_math.h.
-#include "block_rnn.h"
+#include "block_rnn/block_rnn.h"
 #include "common/block_rnn_math.h"
 #include "cuda/grid_loop.cuh"
 
@@ -236,12 +236,25 @@ void lstm_backward_cuda(const at::Tensor& i, const at::Tensor& cs, const at::Ten
 
 }  // namespace
 
-const Kernels kCuda{gru_gates_cuda,    gru_output_cuda,   gru_backward_a_cuda, gru_backward_b_cuda,
-                    lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA};
+const Kernels kCudaKernels{gru_gates_cuda, gru_output_cuda, gru_backward_a_cuda, gru_backward_b_cuda,
+                           lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA};
 
 }  // namespace brnn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  torchops::brnn::register_impls<torchops::brnn::kCuda>(m);
+  using namespace torchops::brnn;
+  m.impl("gru_block_cell", &Impls<kCudaKernels>::gru_block_cell);
+  m.impl("gru_block_cell_grad", &Impls<kCudaKernels>::gru_block_cell_grad);
+  m.impl("_gru_block_cell_backward", &Impls<kCudaKernels>::gru_block_cell_backward);
+  m.impl("block_gru", &Impls<kCudaKernels>::block_gru);
+  m.impl("block_gru_grad", &Impls<kCudaKernels>::block_gru_grad);
+  m.impl("lstm_block_cell", &Impls<kCudaKernels>::lstm_block_cell);
+  m.impl("lstm_block_cell_grad", &Impls<kCudaKernels>::lstm_block_cell_grad);
+  m.impl("_lstm_block_cell_backward", &Impls<kCudaKernels>::lstm_block_cell_backward);
+  m.impl("block_lstm", &Impls<kCudaKernels>::block_lstm);
+  m.impl("block_lstm_v2", &Impls<kCudaKernels>::block_lstm_v2);
+  m.impl("block_lstm_grad", &Impls<kCudaKernels>::block_lstm_grad);
+  m.impl("block_lstm_grad_v2", &Impls<kCudaKernels>::block_lstm_grad_v2);
+  m.impl("_block_lstm_backward", &Impls<kCudaKernels>::block_lstm_backward);
 }

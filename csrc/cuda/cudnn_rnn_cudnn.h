@@ -2,7 +2,7 @@
 // Kernels::library_forward / library_backward in cudnn_rnn.h).
 #pragma once
 
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 
 namespace torchops {
 namespace crnn {

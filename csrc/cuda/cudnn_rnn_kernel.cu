@@ -1,10 +1,10 @@
 // CUDA kernels of the CudnnRNN ops (the generic path): the fused per-step elementwise kernels over the
 // scalar math of common/cudnn_rnn_math.h; the GEMMs (ATen -> cuBLAS) and the time loops are the
-// device-independent orchestration of csrc/cudnn_rnn.cpp. One thread per (row, unit), grid-stride loops
+// device-independent orchestration of csrc/cudnn_rnn/ops.cpp. One thread per (row, unit), grid-stride loops
 // with int64 indices; `lens` (int32, device) masks finished rows.
 #include "common/cudnn_rnn_math.h"
 #include "cuda/cudnn_rnn_cudnn.h"
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 #include "cuda/grid_loop.cuh"
 
 #include <ATen/Dispatch.h>
@@ -258,13 +258,20 @@ void rnn_bwd_cuda(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& d
 
 #undef TORCHOPS_CRNN_LAUNCH
 
-const Kernels kCuda{lstm_fwd_cuda, gru_fwd_cuda,  rnn_fwd_cuda, mask_state_cuda,     bwd_prep_cuda,
-                    lstm_bwd_cuda, gru_bwd_cuda, rnn_bwd_cuda, c10::DeviceType::CUDA, cudnn_forward, cudnn_backward};
+const Kernels kCudaKernels{lstm_fwd_cuda, gru_fwd_cuda, rnn_fwd_cuda, mask_state_cuda, bwd_prep_cuda,
+                           lstm_bwd_cuda, gru_bwd_cuda, rnn_bwd_cuda, c10::DeviceType::CUDA, cudnn_forward,
+                           cudnn_backward};
 
 }  // namespace
 }  // namespace crnn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  torchops::crnn::register_impls<torchops::crnn::kCuda>(m);
+  using namespace torchops::crnn;
+  m.impl("cudnn_rnn", &Impls<kCudaKernels>::v1);
+  m.impl("cudnn_rnn_v2", &Impls<kCudaKernels>::v2);
+  m.impl("cudnn_rnn_v3", &Impls<kCudaKernels>::v3);
+  m.impl("cudnn_rnn_backprop", &Impls<kCudaKernels>::bwd_v1);
+  m.impl("cudnn_rnn_backprop_v2", &Impls<kCudaKernels>::bwd_v2);
+  m.impl("cudnn_rnn_backprop_v3", &Impls<kCudaKernels>::bwd_v3);
 }

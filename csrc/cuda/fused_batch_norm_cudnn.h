@@ -1,8 +1,8 @@
 // FusedBatchNormV3 / GradV3 through cuDNN (ATen's cudnn_batch_norm ops): the Kernels table's library routes
-// on CUDA (see Kernels::library_forward / library_backward in fused_batch_norm.h).
+// on CUDA (see Kernels::library_forward / library_backward in fused_batch_norm/fused_batch_norm.h).
 #pragma once
 
-#include "fused_batch_norm.h"
+#include "fused_batch_norm/fused_batch_norm.h"
 
 namespace torchops {
 namespace fbn {

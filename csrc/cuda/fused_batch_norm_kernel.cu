@@ -9,7 +9,7 @@
 // runs the case, the Kernels table's library routes (cuda/fused_batch_norm_cudnn.cpp) take it instead.
 #include "common/fused_batch_norm_math.h"
 #include "cuda/fused_batch_norm_cudnn.h"
-#include "fused_batch_norm.h"
+#include "fused_batch_norm/fused_batch_norm.h"
 
 #include <ATen/Dispatch.h>
 #include <ATen/OpMathType.h>
@@ -359,28 +359,12 @@ void backward_cuda(const Layout& L, const at::Tensor& dy, const at::Tensor& x, c
 
 const Kernels kCudaKernels{train_forward_cuda, infer_forward_cuda, backward_cuda, cudnn_forward, cudnn_backward};
 
-ForwardResult fused_batch_norm_v3_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
-                                       const at::Tensor& mean, const at::Tensor& variance, double epsilon,
-                                       double exponential_avg_factor, c10::string_view data_format, bool is_training) {
-  c10::cuda::CUDAGuard guard(x.device());
-  return forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor, data_format, is_training,
-                 kCudaKernels);
-}
-
-GradResult fused_batch_norm_grad_v3_cuda(const at::Tensor& y_backprop, const at::Tensor& x, const at::Tensor& scale,
-                                         const at::Tensor& reserve_space_1, const at::Tensor& reserve_space_2,
-                                         const at::Tensor& reserve_space_3, double epsilon,
-                                         c10::string_view data_format, bool is_training) {
-  c10::cuda::CUDAGuard guard(x.device());
-  return backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, reserve_space_3, epsilon, data_format,
-                  is_training, kCudaKernels);
-}
-
 }  // namespace
 }  // namespace fbn
 }  // namespace torchops
 
 TORCH_LIBRARY_IMPL(torchops, CUDA, m) {
-  m.impl("fused_batch_norm_v3", &torchops::fbn::fused_batch_norm_v3_cuda);
-  m.impl("fused_batch_norm_grad_v3", &torchops::fbn::fused_batch_norm_grad_v3_cuda);
+  using namespace torchops::fbn;
+  m.impl("fused_batch_norm_v3", &Impls<kCudaKernels>::fused_batch_norm_v3);
+  m.impl("fused_batch_norm_grad_v3", &Impls<kCudaKernels>::fused_batch_norm_grad_v3);
 }

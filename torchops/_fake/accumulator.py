@@ -1,4 +1,4 @@
-"""Fake kernels of the accumulator ops (mirror csrc/accumulator.cpp).
+"""Fake kernels of the accumulator ops (mirror csrc/accumulator/ops.cpp).
 
 The ops take an accumulator handle (a TorchScript custom class). A take's output has the declared
 shape with unknown dims as unbacked symbolic sizes (the first accepted gradient fixes them at run

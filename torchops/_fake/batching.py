@@ -1,4 +1,4 @@
-"""Fake kernels of batch / unbatch / unbatch_grad (mirror csrc/batching.cpp).
+"""Fake kernels of batch / unbatch / unbatch_grad (mirror csrc/batching/ops.cpp).
 
 The row counts of every output depend on which other invocations share the batch, so they are
 unbacked symbolic sizes (`ctx.new_dynamic_size()`): torch.compile traces these ops as opaque calls

@@ -1,4 +1,4 @@
-"""Fake kernels of the GRU / LSTM block ops (mirror csrc/block_rnn.cpp): shapes and dtypes only."""
+"""Fake kernels of the GRU / LSTM block ops (mirror csrc/block_rnn/ops.cpp): shapes and dtypes only."""
 import math
 from typing import Optional
 

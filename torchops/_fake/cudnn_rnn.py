@@ -1,4 +1,4 @@
-"""Fake kernels of the CudnnRNN ops (mirror csrc/cudnn_rnn.cpp): shapes and dtypes only."""
+"""Fake kernels of the CudnnRNN ops (mirror csrc/cudnn_rnn/ops.cpp): shapes and dtypes only."""
 import torch
 
 from .._cudnn_rnn_params import GATES, canonical_shapes, params_size

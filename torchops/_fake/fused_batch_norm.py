@@ -1,4 +1,4 @@
-"""Fake kernels of fused_batch_norm_v3 / fused_batch_norm_grad_v3 (mirror csrc/fused_batch_norm.cpp)."""
+"""Fake kernels of fused_batch_norm_v3 / fused_batch_norm_grad_v3 (mirror csrc/fused_batch_norm/ops.cpp)."""
 import math
 
 import torch

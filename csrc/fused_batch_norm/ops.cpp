@@ -1,12 +1,12 @@
-// FusedBatchNormV3 / FusedBatchNormGradV3: schemas, validation (TF's order and key phrases) and the
+// FusedBatchNormV3 / FusedBatchNormGradV3: validation (TF's order and key phrases) and the
 // device-independent orchestration around the per-device kernels.
-#include "fused_batch_norm.h"
+#include "fused_batch_norm/fused_batch_norm.h"
 #include "common/arg_checks.h"
 
+#include <ATen/DeviceGuard.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
 #include <c10/util/irange.h>
-#include <torch/library.h>
 
 #include <cmath>
 #include <cstdlib>
@@ -143,6 +143,8 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
                       const at::Tensor& mean, const at::Tensor& variance, double epsilon,
                       double exponential_avg_factor, c10::string_view data_format, bool is_training,
                       const Kernels& kernels) {
+  // The kernels and the library routes (cuDNN's handle is per device) run on x's device.
+  const c10::OptionalDeviceGuard device_guard(at::device_of(x));
   check_epsilon(epsilon);
   TORCH_CHECK_VALUE(std::isfinite(exponential_avg_factor), "exponential_avg_factor must be finite, got ",
                     exponential_avg_factor);
@@ -228,6 +230,8 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
                     const at::Tensor& reserve_space_1, const at::Tensor& reserve_space_2,
                     const at::Tensor& reserve_space_3, double epsilon, c10::string_view data_format,
                     bool is_training, const Kernels& kernels) {
+  // The kernels and the library routes (cuDNN's handle is per device) run on x's device.
+  const c10::OptionalDeviceGuard device_guard(at::device_of(x));
   check_epsilon(epsilon);
   check_defined(reserve_space_3, "reserve_space_3");
   check_x(y_backprop, "y_backprop");
@@ -276,17 +280,3 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
 
 }  // namespace fbn
 }  // namespace torchops
-
-TORCH_LIBRARY_FRAGMENT(torchops, m) {
-  m.def(
-      "fused_batch_norm_v3(Tensor x, Tensor scale, Tensor offset, Tensor mean, Tensor variance, "
-      "float epsilon=0.0001, float exponential_avg_factor=1.0, str data_format=\"NHWC\", bool is_training=True) "
-      "-> (Tensor y, Tensor batch_mean, Tensor batch_variance, Tensor reserve_space_1, Tensor reserve_space_2, "
-      "Tensor reserve_space_3)");
-  m.def(
-      "fused_batch_norm_grad_v3(Tensor y_backprop, Tensor x, Tensor scale, Tensor reserve_space_1, "
-      "Tensor reserve_space_2, Tensor reserve_space_3, float epsilon=0.0001, str data_format=\"NHWC\", "
-      "bool is_training=True) "
-      "-> (Tensor x_backprop, Tensor scale_backprop, Tensor offset_backprop, Tensor reserve_space_4, "
-      "Tensor reserve_space_5)");
-}

@@ -1,8 +1,8 @@
 // GRU / LSTM block ops: GRUBlockCell(Grad), LSTMBlockCell(Grad), BlockLSTM(V2) and their grads, and
 // BlockGRU (torchops). Validation and the device-independent orchestration (GEMMs through ATen, the
-// time loop, workspaces) live in csrc/block_rnn.cpp; each backend provides the per-step fused
-// elementwise kernels below (csrc/cpu/block_rnn_kernel.cpp, csrc/cuda/block_rnn_kernel.cu), all of
-// which share the scalar math of csrc/common/block_rnn_math.h.
+// time loop, workspaces) live in ops.cpp; each backend provides the per-step fused elementwise kernels
+// below (csrc/cpu/block_rnn_kernel.cpp, csrc/cuda/block_rnn_kernel.cu), all of which share the scalar
+// math of csrc/common/block_rnn_math.h, and registers the op entry points bound to its table (Impls<K>).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -113,8 +113,7 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
                        const OptT& f_grad, const OptT& o_grad, const OptT& ci_grad, const OptT& co_grad,
                        bool use_peephole, bool ifco, bool tf_grad_op, const Kernels& k);
 
-// The op entry points of one backend (its Kernels table K), and their registration; each backend file
-// calls register_impls<its table>(m) in its TORCH_LIBRARY_IMPL block.
+// The op entry points of one backend (its Kernels table K); each backend file registers them.
 template <const Kernels& K>
 struct Impls {
   static T4 gru_block_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tensor& w_ru,
@@ -183,7 +182,7 @@ struct Impls {
                                         true, K);
   }
   template <bool IFCO>
-  static T8 block_lstm_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+  static T8 block_lstm_grad_ifco(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
                             const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
                             const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
                             const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci,
@@ -195,7 +194,25 @@ struct Impls {
                                                  cs_grad, h_grad, OptT(), OptT(), OptT(), OptT(), OptT(),
                                                  use_peephole, IFCO, /*tf_grad_op=*/true, K);
   }
-  static T8 block_lstm_backward_op(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+  static T8 block_lstm_grad(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                            const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
+                            const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b, const at::Tensor& i,
+                            const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o, const at::Tensor& ci,
+                            const at::Tensor& co, const at::Tensor& h, const at::Tensor& cs_grad,
+                            const at::Tensor& h_grad, bool use_peephole) {
+    return block_lstm_grad_ifco<false>(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad,
+                                       h_grad, use_peephole);
+  }
+  static T8 block_lstm_grad_v2(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
+                               const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
+                               const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
+                               const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
+                               const at::Tensor& ci, const at::Tensor& co, const at::Tensor& h,
+                               const at::Tensor& cs_grad, const at::Tensor& h_grad, bool use_peephole) {
+    return block_lstm_grad_ifco<true>(s, x, cs_prev, h_prev, w, wci, wcf, wco, b, i, cs, f, o, ci, co, h, cs_grad,
+                                      h_grad, use_peephole);
+  }
+  static T8 block_lstm_backward(const at::Tensor& s, const at::Tensor& x, const at::Tensor& cs_prev,
                                    const at::Tensor& h_prev, const at::Tensor& w, const at::Tensor& wci,
                                    const at::Tensor& wcf, const at::Tensor& wco, const at::Tensor& b,
                                    const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f,
@@ -208,23 +225,6 @@ struct Impls {
                                                  use_peephole, ifco, /*tf_grad_op=*/false, K);
   }
 };
-
-template <const Kernels& K>
-void register_impls(torch::Library& m) {
-  m.impl("gru_block_cell", &Impls<K>::gru_block_cell);
-  m.impl("gru_block_cell_grad", &Impls<K>::gru_block_cell_grad);
-  m.impl("_gru_block_cell_backward", &Impls<K>::gru_block_cell_backward);
-  m.impl("block_gru", &Impls<K>::block_gru);
-  m.impl("block_gru_grad", &Impls<K>::block_gru_grad);
-  m.impl("lstm_block_cell", &Impls<K>::lstm_block_cell);
-  m.impl("lstm_block_cell_grad", &Impls<K>::lstm_block_cell_grad);
-  m.impl("_lstm_block_cell_backward", &Impls<K>::lstm_block_cell_backward);
-  m.impl("block_lstm", &Impls<K>::block_lstm);
-  m.impl("block_lstm_v2", &Impls<K>::block_lstm_v2);
-  m.impl("block_lstm_grad", &Impls<K>::template block_lstm_grad<false>);
-  m.impl("block_lstm_grad_v2", &Impls<K>::template block_lstm_grad<true>);
-  m.impl("_block_lstm_backward", &Impls<K>::block_lstm_backward_op);
-}
 
 }  // namespace brnn
 }  // namespace torchops

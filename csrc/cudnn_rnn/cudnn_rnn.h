@@ -1,10 +1,11 @@
 // CudnnRNN family: CudnnRNN / V2 / V3 and their Backprop ops,
 // CudnnRNNParamsSize and the canonical converters. Validation, the params layout and the
 // device-independent orchestration (GEMMs through ATen, the time loops, dropout, the reserve_space
-// layout) live in csrc/cudnn_rnn.cpp; each backend provides the fused per-step kernels below
+// layout) live in ops.cpp; each backend provides the fused per-step kernels below
 // (csrc/cpu/cudnn_rnn_kernel.cpp, csrc/cuda/cudnn_rnn_kernel.cu) over the scalar math of
-// csrc/common/cudnn_rnn_math.h, and optionally a whole-op library route (CPU: oneDNN's LSTM,
-// csrc/cpu/cudnn_rnn_onednn.cpp; CUDA: cuDNN, csrc/cuda/cudnn_rnn_cudnn.cpp).
+// csrc/common/cudnn_rnn_math.h and registers the op entry points bound to its table (Impls<K>), and
+// optionally a whole-op library route (CPU: oneDNN's LSTM, csrc/cpu/cudnn_rnn_onednn.cpp; CUDA: cuDNN,
+// csrc/cuda/cudnn_rnn_cudnn.cpp).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -118,7 +119,22 @@ T4 cudnn_rnn_backward(int version, const at::Tensor& input, const at::Tensor& in
                       Str input_mode, Str direction, double dropout, int64_t seed, int64_t seed2, int64_t num_proj,
                       bool time_major, const Kernels& k);
 
-// The op entry points of one backend (its Kernels table K).
+// ParamsSize and the canonical converters: device-independent (CompositeExplicitAutograd).
+at::Tensor params_size(int64_t num_layers, int64_t num_units, int64_t input_size, c10::optional<at::ScalarType> T,
+                       c10::optional<at::ScalarType> S, Str rnn_mode, Str input_mode, Str direction, double dropout,
+                       int64_t seed, int64_t seed2, int64_t num_proj);
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical(
+    int64_t L, int64_t H, int64_t I, const at::Tensor& params, int64_t num_params, Str mode, Str im, Str dir,
+    double dropout, int64_t seed, int64_t seed2);
+std::tuple<std::vector<at::Tensor>, std::vector<at::Tensor>> params_to_canonical_v2(
+    int64_t L, int64_t H, int64_t I, const at::Tensor& params, int64_t nw, int64_t nb, Str mode, Str im, Str dir,
+    double dropout, int64_t seed, int64_t seed2, int64_t num_proj);
+at::Tensor canonical_to_params(int64_t L, int64_t H, int64_t I, at::TensorList w, at::TensorList b, Str mode, Str im,
+                               Str dir, double dropout, int64_t seed, int64_t seed2);
+at::Tensor canonical_to_params_v2(int64_t L, int64_t H, int64_t I, at::TensorList w, at::TensorList b, Str mode,
+                                  Str im, Str dir, double dropout, int64_t seed, int64_t seed2, int64_t num_proj);
+
+// The op entry points of one backend (its Kernels table K); each backend file registers them.
 template <const Kernels& K>
 struct Impls {
   static T4 v1(const at::Tensor& x, const at::Tensor& h, const at::Tensor& c, const at::Tensor& p, Str mode, Str im,
@@ -160,16 +176,6 @@ struct Impls {
                               seed, seed2, num_proj, time_major, K);
   }
 };
-
-template <const Kernels& K>
-void register_impls(torch::Library& m) {
-  m.impl("cudnn_rnn", &Impls<K>::v1);
-  m.impl("cudnn_rnn_v2", &Impls<K>::v2);
-  m.impl("cudnn_rnn_v3", &Impls<K>::v3);
-  m.impl("cudnn_rnn_backprop", &Impls<K>::bwd_v1);
-  m.impl("cudnn_rnn_backprop_v2", &Impls<K>::bwd_v2);
-  m.impl("cudnn_rnn_backprop_v3", &Impls<K>::bwd_v3);
-}
 
 }  // namespace crnn
 }  // namespace torchops

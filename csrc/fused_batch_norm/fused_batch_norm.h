@@ -1,6 +1,7 @@
-// FusedBatchNormV3 / FusedBatchNormGradV3: validation and device-independent orchestration
-// (csrc/fused_batch_norm.cpp), and the per-device kernel table each backend provides
-// (csrc/cpu/fused_batch_norm_kernel.cpp, csrc/cuda/fused_batch_norm_kernel.cu).
+// FusedBatchNormV3 / FusedBatchNormGradV3: the orchestration entry points (ops.cpp: validation and the
+// device-independent algorithm), the per-device kernel table each backend provides
+// (csrc/cpu/fused_batch_norm_kernel.cpp, csrc/cuda/fused_batch_norm_kernel.cu) and the op entry points
+// bound to one table (Impls<K>), which each backend registers.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -65,6 +66,24 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
 // Index of the channel axis for a data_format ("NHWC" -> last, "NCHW" -> 1); validates the string
 // and that x's rank matches it.
 int64_t channel_dim(c10::string_view data_format, int64_t rank, const char* arg);
+
+// The op entry points of one backend (its Kernels table K); each backend file registers them.
+template <const Kernels& K>
+struct Impls {
+  static ForwardResult fused_batch_norm_v3(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
+                                           const at::Tensor& mean, const at::Tensor& variance, double epsilon,
+                                           double exponential_avg_factor, c10::string_view data_format,
+                                           bool is_training) {
+    return forward(x, scale, offset, mean, variance, epsilon, exponential_avg_factor, data_format, is_training, K);
+  }
+  static GradResult fused_batch_norm_grad_v3(const at::Tensor& y_backprop, const at::Tensor& x,
+                                             const at::Tensor& scale, const at::Tensor& reserve_space_1,
+                                             const at::Tensor& reserve_space_2, const at::Tensor& reserve_space_3,
+                                             double epsilon, c10::string_view data_format, bool is_training) {
+    return backward(y_backprop, x, scale, reserve_space_1, reserve_space_2, reserve_space_3, epsilon, data_format,
+                    is_training, K);
+  }
+};
 
 }  // namespace fbn
 }  // namespace torchops

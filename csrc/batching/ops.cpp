@@ -1,7 +1,7 @@
-// Batch / Unbatch / UnbatchGrad: schemas, validation (TF's order and messages) and the
-// device-independent kernels (registered at CompositeExplicitAutograd: the work is ATen concatenation
-// and slicing, so every device works; the autograd at the Autograd key is CPU-only).
-// The stateful resources live in csrc/batching/.
+// Batch / Unbatch / UnbatchGrad: validation (TF's order and messages) and the device-independent
+// kernels (registered at CompositeExplicitAutograd: the work is ATen concatenation and slicing, so
+// every device works; the autograd at the Autograd key is CPU-only). The stateful resources live in
+// batch_resource.cpp, unbatch_resource.cpp and registry.cpp.
 #include "batching/batching.h"
 #include "common/arg_checks.h"
 
@@ -9,7 +9,6 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/ops/empty.h>
 #include <c10/util/Exception.h>
-#include <torch/library.h>
 
 #include <algorithm>
 #include <cstring>
@@ -107,6 +106,8 @@ std::vector<int64_t> index_keys(const at::Tensor& batch_index) {
   for (int64_t j = 0; j < idx.size(0); ++j) keys.push_back(p[3 * j]);
   return keys;
 }
+
+}  // namespace
 
 std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
     at::TensorList in_tensors, int64_t num_batch_threads, int64_t max_batch_size, int64_t batch_timeout_micros,
@@ -343,47 +344,5 @@ void arm_unbatch_fail(const at::Tensor& batch_index, c10::string_view message, c
   t_abandoned.res = get_or_create_unbatch(container, shared_name, timeout_micros);
 }
 
-}  // namespace
 }  // namespace batching
 }  // namespace torchops
-
-TORCH_LIBRARY_FRAGMENT(torchops, m) {
-  m.def(
-      "batch(Tensor[] in_tensors, int num_batch_threads, int max_batch_size, int batch_timeout_micros, "
-      "int grad_timeout_micros, int max_enqueued_batches=10, int[] allowed_batch_sizes=[], str container=\"\", "
-      "str shared_name=\"\", str batching_queue=\"\") -> (Tensor[] batched_tensors, Tensor batch_index, Tensor id)");
-  m.def(
-      "unbatch(Tensor batched_tensor, Tensor batch_index, Tensor id, int timeout_micros, str container=\"\", "
-      "str shared_name=\"\") -> Tensor unbatched_tensor");
-  m.def(
-      "unbatch_grad(Tensor original_input, Tensor batch_index, Tensor grad, Tensor id, str container=\"\", "
-      "str shared_name=\"\", int timeout_micros=-1) -> Tensor batched_grad");
-  // nn.Batched / batch_function without autograd: batch + (non-holders) unbatch in one call.
-  m.def(
-      "_batch_then_unbatch(Tensor[] in_tensors, int num_batch_threads, int max_batch_size, int batch_timeout_micros, "
-      "int grad_timeout_micros, int max_enqueued_batches, int[] allowed_batch_sizes, str container, "
-      "str shared_name, str batching_queue, str[] unbatch_names, int unbatch_timeout_micros) -> "
-      "(Tensor[] batched_tensors, Tensor batch_index, Tensor id, Tensor[] unbatched)");
-  // Helpers of the Python front (torchops.batching): statistics, listing, shutdown, error fan-out.
-  m.def("_batching_stats(str container, str shared_name, str batching_queue) -> str",
-        &torchops::batching::batching_stats);
-  m.def("_batching_list_queues() -> str", &torchops::batching::batching_list_queues);
-  m.def("_batching_close_all(bool shutdown=False) -> ()", &torchops::batching::batching_close_all);
-  m.def("_batching_in_flight() -> int", &torchops::batching::batching_in_flight);
-  // CONSERVATIVE: an op with no outputs is otherwise dead code to TorchScript, which would drop the call.
-  m.def(torch::schema("_unbatch_fail(Tensor batch_index, str message, str container=\"\", str shared_name=\"\", "
-                      "int timeout_micros=-1) -> ()",
-                      c10::AliasAnalysisKind::CONSERVATIVE),
-        &torchops::batching::unbatch_fail);
-  m.def(torch::schema("_arm_unbatch_fail(Tensor batch_index, str message, str container, str shared_name, "
-                      "int timeout_micros) -> ()",
-                      c10::AliasAnalysisKind::CONSERVATIVE),
-        &torchops::batching::arm_unbatch_fail);
-}
-
-TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) {
-  m.impl("batch", &torchops::batching::batch_kernel);
-  m.impl("unbatch", &torchops::batching::unbatch_kernel);
-  m.impl("unbatch_grad", &torchops::batching::unbatch_grad_kernel);
-  m.impl("_batch_then_unbatch", &torchops::batching::batch_then_unbatch_kernel);
-}

@@ -1,5 +1,5 @@
-// CudnnRNN family: schemas, validation (TF's order and wording where TF has a message), the
-// params layout, and the device-independent orchestration of the forward and backward.
+// CudnnRNN family: validation (TF's order and wording where TF has a message), the params layout,
+// and the device-independent orchestration of the forward and backward.
 //
 // One algorithm on every device. Per layer and direction: one GEMM for the input projection of all time
 // steps (written straight into the gate buffer of reserve_space), then per step one recurrent GEMM and
@@ -7,7 +7,7 @@
 // (inactive rows keep their state and output 0). The backward runs through time from what the forward
 // kept in reserve_space; weight gradients are GEMMs over all steps after the time loop. float16 and
 // bfloat16 compute in float32 (their reserve_space is the float32 buffer, bit-packed).
-#include "cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_rnn.h"
 #include "common/arg_checks.h"
 #include "rnn_util.h"
 
@@ -729,8 +729,6 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
 // =================================================================================================
 // ParamsSize and the canonical converters (device-independent: CompositeExplicitAutograd)
 // =================================================================================================
-namespace {
-
 Tensor params_size(int64_t num_layers, int64_t num_units, int64_t input_size, c10::optional<at::ScalarType> T,
                    c10::optional<at::ScalarType> S, Str rnn_mode, Str input_mode, Str direction, double dropout,
                    int64_t seed, int64_t seed2, int64_t num_proj) {
@@ -743,6 +741,8 @@ Tensor params_size(int64_t num_layers, int64_t num_units, int64_t input_size, c1
               " does not fit in int32: use S=int64");
   return at::full({1}, size, at::TensorOptions().dtype(s));
 }
+
+namespace {
 
 std::tuple<std::vector<Tensor>, std::vector<Tensor>> to_canonical(int64_t num_layers, int64_t num_units,
                                                                   int64_t input_size, const Tensor& params,
@@ -817,6 +817,8 @@ Tensor to_params(int64_t num_layers, int64_t num_units, int64_t input_size, at::
   return at::cat(flat, 0);
 }
 
+}  // namespace
+
 std::tuple<std::vector<Tensor>, std::vector<Tensor>> params_to_canonical(int64_t L, int64_t H, int64_t I,
                                                                          const Tensor& params, int64_t num_params,
                                                                          Str mode, Str im, Str dir, double dropout,
@@ -839,56 +841,5 @@ Tensor canonical_to_params_v2(int64_t L, int64_t H, int64_t I, at::TensorList w,
   return to_params(L, H, I, w, b, mode, im, dir, dropout, num_proj);
 }
 
-}  // namespace
 }  // namespace crnn
 }  // namespace torchops
-
-#define TORCHOPS_CRNN_ATTRS \
-  "str rnn_mode=\"lstm\", str input_mode=\"linear_input\", str direction=\"unidirectional\", float dropout=0.0, " \
-  "int seed=0, int seed2=0"
-
-TORCH_LIBRARY_FRAGMENT(torchops, m) {
-  m.def("cudnn_rnn(Tensor input, Tensor input_h, Tensor input_c, Tensor params, " TORCHOPS_CRNN_ATTRS
-        ", bool is_training=True) -> (Tensor output, Tensor output_h, Tensor output_c, Tensor reserve_space)");
-  m.def("cudnn_rnn_v2(Tensor input, Tensor input_h, Tensor input_c, Tensor params, " TORCHOPS_CRNN_ATTRS
-        ", bool is_training=True) -> (Tensor output, Tensor output_h, Tensor output_c, Tensor reserve_space, "
-        "Tensor host_reserved)");
-  m.def("cudnn_rnn_v3(Tensor input, Tensor input_h, Tensor input_c, Tensor params, Tensor sequence_lengths, "
-        TORCHOPS_CRNN_ATTRS ", int num_proj=0, bool is_training=True, bool time_major=True) -> (Tensor output, "
-        "Tensor output_h, Tensor output_c, Tensor reserve_space, Tensor host_reserved)");
-  m.def("cudnn_rnn_backprop(Tensor input, Tensor input_h, Tensor input_c, Tensor params, Tensor output, "
-        "Tensor output_h, Tensor output_c, Tensor output_backprop, Tensor output_h_backprop, "
-        "Tensor output_c_backprop, Tensor reserve_space, " TORCHOPS_CRNN_ATTRS
-        ") -> (Tensor input_backprop, Tensor input_h_backprop, Tensor input_c_backprop, Tensor params_backprop)");
-  m.def("cudnn_rnn_backprop_v2(Tensor input, Tensor input_h, Tensor input_c, Tensor params, Tensor output, "
-        "Tensor output_h, Tensor output_c, Tensor output_backprop, Tensor output_h_backprop, "
-        "Tensor output_c_backprop, Tensor reserve_space, Tensor host_reserved, " TORCHOPS_CRNN_ATTRS
-        ") -> (Tensor input_backprop, Tensor input_h_backprop, Tensor input_c_backprop, Tensor params_backprop)");
-  m.def("cudnn_rnn_backprop_v3(Tensor input, Tensor input_h, Tensor input_c, Tensor params, "
-        "Tensor sequence_lengths, Tensor output, Tensor output_h, Tensor output_c, Tensor output_backprop, "
-        "Tensor output_h_backprop, Tensor output_c_backprop, Tensor reserve_space, Tensor host_reserved, "
-        TORCHOPS_CRNN_ATTRS ", int num_proj=0, bool time_major=True) -> (Tensor input_backprop, "
-        "Tensor input_h_backprop, Tensor input_c_backprop, Tensor params_backprop)");
-  m.def("cudnn_rnn_params_size(int num_layers, int num_units, int input_size, ScalarType? T=None, "
-        "ScalarType? S=None, " TORCHOPS_CRNN_ATTRS ", int num_proj=0) -> Tensor params_size");
-  m.def("cudnn_rnn_params_to_canonical(int num_layers, int num_units, int input_size, Tensor params, "
-        "int num_params, " TORCHOPS_CRNN_ATTRS ") -> (Tensor[] weights, Tensor[] biases)");
-  m.def("cudnn_rnn_params_to_canonical_v2(int num_layers, int num_units, int input_size, Tensor params, "
-        "int num_params_weights, int num_params_biases, " TORCHOPS_CRNN_ATTRS
-        ", int num_proj=0) -> (Tensor[] weights, Tensor[] biases)");
-  m.def("cudnn_rnn_canonical_to_params(int num_layers, int num_units, int input_size, Tensor[] weights, "
-        "Tensor[] biases, " TORCHOPS_CRNN_ATTRS ") -> Tensor params");
-  m.def("cudnn_rnn_canonical_to_params_v2(int num_layers, int num_units, int input_size, Tensor[] weights, "
-        "Tensor[] biases, " TORCHOPS_CRNN_ATTRS ", int num_proj=0) -> Tensor params");
-}
-
-#undef TORCHOPS_CRNN_ATTRS
-
-TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) {
-  using namespace torchops::crnn;
-  m.impl("cudnn_rnn_params_size", &params_size);
-  m.impl("cudnn_rnn_params_to_canonical", &params_to_canonical);
-  m.impl("cudnn_rnn_params_to_canonical_v2", &params_to_canonical_v2);
-  m.impl("cudnn_rnn_canonical_to_params", &canonical_to_params);
-  m.impl("cudnn_rnn_canonical_to_params_v2", &canonical_to_params_v2);
-}
