@@ -654,6 +654,9 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
     } else
       sig.cv.wait_for(tl, std::chrono::milliseconds(100));
   }
+  // Done: no other thread touches the task now. Build the outputs without the batch's mutex, which
+  // the batch's other calls need to wake up.
+  tl.unlock();
   TORCH_CHECK(task->error.empty(), task->error);
   BatchOutput out;
   out.id = task->id;
