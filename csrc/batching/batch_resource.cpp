@@ -25,6 +25,8 @@ namespace batching {
 namespace {
 constexpr size_t kWaitSamples = 8192;
 constexpr int64_t kSpinMicros = 100;
+// Calls of full batches yield-spin for up to this long before they sleep (see BatchResource::run).
+constexpr float kMaxReleaseSpinMicros = 1000;
 
 std::string error_text(const std::exception& e) {
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) return ce->what_without_backtrace();
@@ -218,6 +220,10 @@ struct BatchState {
   size_t cursor = 0;
   int live_workers = 0;
   std::atomic<bool> workers_gone{false};
+  // Spin-then-sleep: whether the last batch formed was full, and the typical time from enqueue to
+  // completion of a call that did not hold its batch (us, moving average; updated without a lock).
+  std::atomic<bool> last_full{false};
+  std::atomic<float> release_wait_us{0};
   // deferred release (see DeferredGroup)
   bool defer = false;
   double gap_ewma_us = 0;
@@ -287,6 +293,7 @@ void process_batch(BatchState& s, Queue& q, Batch& b, const Task* caller) {
   const auto& tasks = b.tasks;
   const int64_t k = static_cast<int64_t>(tasks.size());
   const int64_t n = b.size;
+  s.last_full.store(n >= s.opts.max_batch_size, std::memory_order_relaxed);
   int64_t padded = n;
   for (int64_t a : s.opts.allowed_batch_sizes) {
     if (a >= n) {
@@ -613,6 +620,16 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
   std::unique_lock<std::mutex> tl(sig.mu);
   // Only the batch's first task ships it at its timeout (the others just wait to be completed).
   bool tried_own = !task->first;
+  // Under load (full batches) a call is released soon after it enqueues: yield-spinning until then keeps
+  // the thread runnable, which saves a sleep and wake-up per call, and keeps an otherwise idle core in use
+  // (a woken thread may wait long for a core, or be placed on the waker's). Not when batches ship at
+  // their timeout or take long (a slow model): then the wait is long and spinning would only burn CPU.
+  auto spin_until = task->enqueued;
+  if (state_->last_full.load(std::memory_order_relaxed)) {
+    const float expected = state_->release_wait_us.load(std::memory_order_relaxed);
+    if (expected > 0 && expected < kMaxReleaseSpinMicros)
+      spin_until += std::chrono::microseconds(static_cast<int64_t>(std::min(kMaxReleaseSpinMicros, 1.5f * expected)));
+  }
   while (!task->done) {
     if (state_->workers_gone.load() && !task->done) {
       // Cannot happen in normal operation (workers flush before exiting); never hang regardless.
@@ -638,6 +655,13 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
       tl.lock();
       continue;
     }
+    if (Clock::now() < spin_until) {
+      tl.unlock();
+      const auto until = tried_own ? spin_until : std::min(spin_until, task->due);
+      while (Clock::now() < until && !task->done_flag.load(std::memory_order_acquire)) std::this_thread::yield();
+      tl.lock();
+      continue;
+    }
     if (!tried_own) {
       // Sleep until shortly before the timeout, then yield-spin to it: a thread woken from a sleep
       // can take long to get a CPU back on a busy machine, and that delay would add to the latency.
@@ -653,6 +677,14 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
       }
     } else
       sig.cv.wait_for(tl, std::chrono::milliseconds(100));
+  }
+  // Done: no other thread touches the task now. Build the outputs without the batch's mutex, which
+  // the batch's other calls need to wake up.
+  tl.unlock();
+  if (!task->holder) {
+    const float waited = std::chrono::duration<float, std::micro>(Clock::now() - task->enqueued).count();
+    const float prev = state_->release_wait_us.load(std::memory_order_relaxed);
+    state_->release_wait_us.store(prev == 0 ? waited : 0.9f * prev + 0.1f * waited, std::memory_order_relaxed);
   }
   TORCH_CHECK(task->error.empty(), task->error);
   BatchOutput out;

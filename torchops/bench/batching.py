@@ -11,7 +11,9 @@ that waits on thread wake-ups. A last table gives what the machine allows at all
 ceiling (every core running full batches back to back, nothing else) and the ceiling once the
 hand-off floor is paid (the CPU time per request of a minimal mutex + condition-variable batcher with
 no tensors, measured by the C++ driver's `--handoff` mode), against the measured unbatched rate, next to the better of the two num_batch_threads settings;
-`of_ceiling` is measured / ceiling throughput, per row.
+`of_ceiling` is measured / ceiling throughput, per row. What separates a row from its ceiling, per request:
+`cpu_us_per_req` (the batched side's CPU time per request: model, hand-off and everything else) against the
+ceiling's `model_us_per_row` + `handoff_us_per_req`, and the cores the batched side leaves idle (cores - `batched_cpus`).
 """
 import json
 import os
@@ -175,7 +177,9 @@ def _ceilings(mlp, exe, rows, seconds, tmpdir):
                         "ceiling_speedup": with_handoff / unbatched[clients], "best_nbt": best["nbt"],
                         "measured_req/s": best["batched_req/s"], "speedup": best["speedup"],
                         "of_ceiling": best["batched_req/s"] / with_handoff,
-                        "of_compute_now": best["batched_req/s"] / compute_now, "batched_p99_us": best["batched_p99_us"],
+                        "of_compute_now": best["batched_req/s"] / compute_now,
+                        "cpu_us_per_req": best["cpu_us_per_req"], "batched_cpus": best["batched_cpus"],
+                        "batched_p99_us": best["batched_p99_us"],
                         "unbatched_p99_us": best["unbatched_p99_us"]})
     return out
 
@@ -241,7 +245,8 @@ def run(args):
                            "clients": clients, "max_batch": max_batch, "nbt": nbt, "unbatched_req/s": tp_u,
                            "batched_req/s": tp_b, "speedup": tp_b / tp_u, "unbatched_p50_us": p50_u,
                            "unbatched_p99_us": p99_u, "batched_p50_us": p50_b, "batched_p99_us": p99_b,
-                           "unbatched_cpus": cpus_u, "batched_cpus": cpus_b}
+                           "unbatched_cpus": cpus_u, "batched_cpus": cpus_b,
+                           "cpu_us_per_req": cpus_b / tp_b * 1e6}
                     # (the cpp driver's queues live in its own process: it reports their statistics)
                     s = res[4] if mode == "cpp" else torchops.batching.stats(name)
                     if s:
@@ -270,7 +275,7 @@ def run(args):
                 f"modules)", rows,
                 ["mode", "clients", "max_batch", "nbt", "unbatched_req/s", "batched_req/s", "speedup", "of_ceiling",
                  "of_compute_now", "unbatched_p50_us", "unbatched_p99_us", "batched_p50_us", "batched_p99_us", "unbatched_cpus",
-                 "batched_cpus", "mean_batch", "queue_wait_p50_us"])
+                 "batched_cpus", "cpu_us_per_req", "mean_batch", "queue_wait_p50_us"])
     print_table("batching: added latency per request at low load (1 client alternating direct and batched "
                 "calls, medians)", added,
                 ["mode", "batch_timeout_us", "unbatched_p50_us", "batched_p50_us", "batched_p99_us", "added_p50_us",
@@ -281,10 +286,11 @@ def run(args):
                     "thread; ceiling = min(batches_at_once / model time per row, cores / (model time per row + "
                     "hand-off floor per request)); measured: the cpp mode's better num_batch_threads (best_nbt); "
                     "of_ceiling = measured / ceiling; compute_now: batches_at_once threads running full batches of the "
-                    "plain model, measured now)", ceilings,
+                    "plain model, measured now; cpu_us_per_req, batched_cpus: the measured side's CPU time per request "
+                    "and busy cores)", ceilings,
                     ["clients", "max_batch", "model_us_per_row", "batches_at_once", "handoff_us_per_req",
                      "compute_ceiling_req/s", "ceiling_req/s", "unbatched_req/s", "ceiling_speedup", "best_nbt",
-                     "measured_req/s", "speedup", "of_ceiling", "compute_now_req/s", "of_compute_now", "unbatched_p99_us",
-                     "batched_p99_us"])
+                     "measured_req/s", "speedup", "of_ceiling", "compute_now_req/s", "of_compute_now", "cpu_us_per_req",
+                     "batched_cpus", "unbatched_p99_us", "batched_p99_us"])
     torchops.batching.close_all()
     return rows + added + ceilings
