@@ -1,8 +1,7 @@
-// oneDNN's fused LSTM for CudnnRNN on the CPU: float32 lstm without projection, skip_input or sequence
-// lengths (the cases it computes exactly as the time loops do). Inference runs it for every such
-// configuration (packed weights and a fused cell beat per-step GEMMs). Training runs it for one direction
-// without dropout between layers; bidirectional training stays on the time loops, which run the two
-// directions on separate threads and measure faster. TORCHOPS_CPU_ONEDNN_RNN=0 turns the route off.
+// oneDNN's fused LSTM for CudnnRNN on the CPU: float32 lstm without projection, skip input or sequence
+// lengths (the cases it computes as the time loops do), for inference and for training without dropout
+// between layers: its packed weights and fused cell beat per-step GEMMs. TORCHOPS_CPU_ONEDNN_RNN=0 turns the
+// route off.
 #include "cpu/cudnn_rnn_onednn.h"
 
 #include <ATen/Context.h>
@@ -11,9 +10,13 @@
 #include <ATen/ops/mkldnn_rnn_layer.h>
 #include <ATen/ops/mkldnn_rnn_layer_backward.h>
 #include <c10/core/GradMode.h>
+#include <c10/core/impl/alloc_cpu.h>
 #include <c10/core/Storage.h>
 
 #include <cstdlib>
+#if defined(__unix__) || defined(__APPLE__)
+#include <sys/mman.h>
+#endif
 #include <string>
 #include <vector>
 
@@ -29,7 +32,7 @@ bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, b
     return e == nullptr || std::string(e) != "0";
   }();
   const bool shape_ok = c.mode == kLstm && c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
-  const bool train_ok = !is_training || (c.D == 1 && !(dropout > 0.0 && c.L > 1));
+  const bool train_ok = !is_training || (!(dropout > 0.0 && c.L > 1));
   return enabled && shape_ok && train_ok && x.scalar_type() == at::kFloat && at::hasMKLDNN() &&
          at::globalContext().userEnabledMkldnn();
 }
@@ -38,11 +41,34 @@ bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, b
 // the reserve's storage (the context of its DataPtr), so it lives exactly as long as the reserve and a copy
 // of the reserve does not carry it.
 struct OnednnState {
-  Tensor buf;                            // the reserve's memory (header + unused space)
   std::vector<Tensor> out, hy, cy, ws;  // out [T, B, H], hy/cy [1, B, H], ws oneDNN's workspace
+  int64_t out_version = 0;              // of out.back(), the caller's output (D == 1)
+  void* memory = nullptr;               // the reserve's memory: header + unused space
+  size_t bytes = 0;
 };
 
-void delete_state(void* ctx) { delete static_cast<OnednnState*>(ctx); }
+// The reserve keeps the loop's size (shapes do not depend on the route) but holds only its header: it is an
+// anonymous mapping, so its untouched pages are never backed and freeing it leaves the C heap as it was
+// (megabytes of heap freed after every step make glibc return memory that the next step faults in again).
+void* map_reserve(size_t bytes) {
+#if defined(__unix__) || defined(__APPLE__)
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  TORCH_CHECK(p != MAP_FAILED, "could not map ", bytes, " bytes for reserve_space");
+  return p;
+#else
+  return c10::alloc_cpu(bytes);
+#endif
+}
+
+void delete_state(void* ctx) {
+  auto* s = static_cast<OnednnState*>(ctx);
+#if defined(__unix__) || defined(__APPLE__)
+  munmap(s->memory, s->bytes);
+#else
+  c10::free_cpu(s->memory);
+#endif
+  delete s;
+}
 
 const OnednnState* state_of(const Tensor& reserve) {
   if (!reserve.has_storage() || reserve.storage_offset() != 0) return nullptr;
@@ -86,12 +112,15 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
     }
     layer_in = c.D == 1 ? outs[0] : at::cat(outs, 2);
   }
-  // The backward reads the saved outputs: the caller gets its own copy of the last layer's.
-  r.out = is_training && c.D == 1 ? layer_in.clone() : layer_in.contiguous();
+  // With one direction the caller's output is oneDNN's own, which the backward reads: if it is changed in
+  // place, the backward recomputes with the loops.
+  r.out = layer_in.contiguous();
   if (is_training) {
-    state->buf = at::empty({reserve_numel}, x.options());
-    const int64_t nbytes = reserve_numel * static_cast<int64_t>(x.element_size());
-    void* data = state->buf.data_ptr();
+    state->out_version = state->out.back()._version();
+    state->bytes = static_cast<size_t>(reserve_numel) * x.element_size();
+    state->memory = map_reserve(state->bytes);
+    void* data = state->memory;
+    const auto nbytes = static_cast<int64_t>(state->bytes);
     c10::DataPtr dp(data, state.release(), &delete_state, x.device());
     c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), /*allocator=*/nullptr,
                          /*resizable=*/false);
@@ -104,7 +133,8 @@ std::optional<T4> onednn_backward(const Cfg& c, const Layout& lay, const Tensor&
                                   const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY_last,
                                   const Tensor& dhN, const Tensor& dcN) {
   const OnednnState* s = state_of(reserve);
-  if (s == nullptr || static_cast<int64_t>(s->ws.size()) != c.L * c.D) return std::nullopt;
+  if (s == nullptr || static_cast<int64_t>(s->ws.size()) != c.L * c.D || s->out.back()._version() != s->out_version)
+    return std::nullopt;
   const Tensor dh0 = at::empty({c.L * c.D, c.B, c.H}, x.options()), dc0 = at::empty({c.L * c.D, c.B, c.H}, x.options());
   const Tensor dp = at::empty({lay.size}, x.options());
   auto dir = [&](const Tensor& t, int64_t d) { return c.D == 1 ? t : t.narrow(2, d * c.H, c.H).contiguous(); };
