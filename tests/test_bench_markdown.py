@@ -57,3 +57,18 @@ def test_run_metadata_names_the_run():
     meta = markdown.run_metadata("cpu")
     assert meta["device"] == "cpu" and meta["torch"] and meta["threads"] >= 1
     assert meta["date"].endswith("UTC") and meta["machine"]
+
+
+def test_case_filter_times_only_the_matching_cases():
+    import types
+
+    import torch
+
+    from torchops.bench._timing import compare_cases
+
+    calls = []
+    cases = [(name, lambda n=name: calls.append(n), lambda: None) for name in ("lstm train", "gru train", "lstm inf")]
+    args = types.SimpleNamespace(quick=True, case="lstm")
+    rows = compare_cases(cases, args, torch.device("cpu"), "t")
+    assert [r["case"] for r in rows] == ["lstm train", "lstm inf"]
+    assert set(calls) == {"lstm train", "lstm inf"}

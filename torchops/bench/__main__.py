@@ -55,6 +55,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchops.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--filter", default="", help=f"a family name runs that family; otherwise families whose name contains this ({', '.join(FAMILIES)})")
+    p.add_argument("--case", default="", help="only the cases whose name contains this (families that time "
+                   "named cases side by side: rnn, cudnn_rnn, cudnn_rnn_nn)")
     p.add_argument("--json", default=None, help="write all results to this JSON file")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="shorter timings (for smoke runs)")
@@ -129,6 +131,7 @@ def _command(args) -> str:
     """The command line that reproduces this run (recorded in the JSON file)."""
     parts = ["python -m torchops.bench"] + ([f"--filter {args.filter}"] if args.filter else [])
     parts += [f"--device {args.device}"] + (["--quick"] if args.quick else [])
+    parts += [f"--case '{args.case}'"] if args.case else []
     return " ".join(parts + ([f"--repeat {args.repeat}"] if args.repeat > 1 else []))
 
 
@@ -139,7 +142,7 @@ def _repeat(args) -> int:
         for run in range(args.repeat):
             out = os.path.join(tmp, f"run{run}.json")
             cmd = [sys.executable, "-m", "torchops.bench", "--filter", args.filter, "--device", args.device,
-                   "--json", out, "--precision", args.precision] + (["--quick"] if args.quick else [])
+                   "--json", out, "--precision", args.precision, "--case", args.case] + (["--quick"] if args.quick else [])
             print(f"\n#### run {run + 1}/{args.repeat} (fresh process)", flush=True)
             rc = subprocess.run(cmd).returncode
             if rc != 0:

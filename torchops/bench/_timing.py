@@ -110,6 +110,8 @@ def compare_cases(cases, args, device: torch.device, title: str, rounds: int = 5
     and returns the rows."""
     rows = []
     for name, ours, native in cases:
+        if getattr(args, "case", "") not in name:
+            continue
         rows.append({"case": name, **compare(ours, native, device, rounds=1 if args.quick else rounds,
                                             min_time=0.1 if args.quick else 0.3)})
     print_table(title, rows, ["case", "torchops_ms", "native_ms"] + RATIO_COLUMNS)
