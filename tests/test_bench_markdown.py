@@ -72,3 +72,5 @@ def test_case_filter_times_only_the_matching_cases():
     rows = compare_cases(cases, args, torch.device("cpu"), "t")
     assert [r["case"] for r in rows] == ["lstm train", "lstm inf"]
     assert set(calls) == {"lstm train", "lstm inf"}
+    args.case = "gru|inf"
+    assert [r["case"] for r in compare_cases(cases, args, torch.device("cpu"), "t")] == ["gru train", "lstm inf"]

@@ -78,6 +78,9 @@ class CudnnRnnFunction : public torch::autograd::Function<CudnnRnnFunction<V>> {
                            seed2, num_proj, is_training, time_major);
       out = {std::get<0>(r), std::get<1>(r), std::get<2>(r), std::get<3>(r), std::get<4>(r)};
     }
+    // The backward makes the zeros it needs: materializing a zero gradient for every unused output would
+    // allocate and fill one as large as reserve_space on every step.
+    ctx->set_materialize_grads(false);
     ctx->saved_data["strs"] = c10::List<std::string>({rnn_mode, input_mode, direction});
     ctx->saved_data["dropout"] = dropout;
     ctx->saved_data["seed"] = seed;

@@ -55,8 +55,8 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m torchops.bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--filter", default="", help=f"a family name runs that family; otherwise families whose name contains this ({', '.join(FAMILIES)})")
-    p.add_argument("--case", default="", help="only the cases whose name contains this (families that time "
-                   "named cases side by side: rnn, cudnn_rnn, cudnn_rnn_nn)")
+    p.add_argument("--case", default="", help="only the cases whose name contains this, or one of A|B|... "
+                   "(families that time named cases side by side: rnn, cudnn_rnn, cudnn_rnn_nn)")
     p.add_argument("--json", default=None, help="write all results to this JSON file")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--quick", action="store_true", help="shorter timings (for smoke runs)")

@@ -110,7 +110,7 @@ def compare_cases(cases, args, device: torch.device, title: str, rounds: int = 5
     and returns the rows."""
     rows = []
     for name, ours, native in cases:
-        if getattr(args, "case", "") not in name:
+        if not any(c in name for c in getattr(args, "case", "").split("|")):
             continue
         rows.append({"case": name, **compare(ours, native, device, rounds=1 if args.quick else rounds,
                                             min_time=0.1 if args.quick else 0.3)})
