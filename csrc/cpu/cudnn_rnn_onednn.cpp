@@ -32,7 +32,7 @@ bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, b
     return e == nullptr || std::string(e) != "0";
   }();
   const bool shape_ok = c.mode == kLstm && c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
-  const bool train_ok = !is_training || (!(dropout > 0.0 && c.L > 1));
+  const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
   return enabled && shape_ok && train_ok && x.scalar_type() == at::kFloat && at::hasMKLDNN() &&
          at::globalContext().userEnabledMkldnn();
 }
@@ -42,7 +42,8 @@ bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, b
 // of the reserve does not carry it.
 struct OnednnState {
   std::vector<Tensor> out, hy, cy, ws;  // out [T, B, H], hy/cy [1, B, H], ws oneDNN's workspace
-  int64_t out_version = 0;              // of out.back(), the caller's output (D == 1)
+  std::vector<Tensor> inputs;           // layer l's input, l >= 1 ([T, B, D*H])
+  int64_t out_version = 0;              // of out.back() (with one direction, the caller's output)
   void* memory = nullptr;               // the reserve's memory: header + unused space
   size_t bytes = 0;
 };
@@ -92,6 +93,7 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
   r.cN = at::empty({c.L * c.D, c.B, c.H}, x.options());
   Tensor layer_in = x;
   for (int64_t l = 0; l < c.L; ++l) {
+    if (is_training && l > 0) state->inputs.push_back(layer_in);
     std::vector<Tensor> outs;
     for (int64_t d = 0; d < c.D; ++d) {
       const int64_t pl = l * c.D + d;
@@ -140,7 +142,7 @@ std::optional<T4> onednn_backward(const Cfg& c, const Layout& lay, const Tensor&
   auto dir = [&](const Tensor& t, int64_t d) { return c.D == 1 ? t : t.narrow(2, d * c.H, c.H).contiguous(); };
   Tensor dY = dY_last;
   for (int64_t l = c.L - 1; l >= 0; --l) {
-    const Tensor X = l == 0 ? x : c.D == 1 ? s->out[l - 1] : at::cat({s->out[(l - 1) * 2], s->out[(l - 1) * 2 + 1]}, 2);
+    const Tensor X = l == 0 ? x : s->inputs[l - 1];
     Tensor dX;
     for (int64_t d = 0; d < c.D; ++d) {
       const int64_t pl = l * c.D + d;
