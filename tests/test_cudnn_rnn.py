@@ -793,10 +793,9 @@ def _lstm_training_case(layers, bi, t=5, b=3, i=4, h=6, seed=2):
     return m, x, h0, c0, weights
 
 
-@pytest.mark.parametrize("layers,bi", [(1, False), (2, False), (1, True), (3, True)])
-def test_float32_lstm_training_matches_torch(layers, bi):
-    # CPU float32 lstm training (oneDNN's forward and backward) against torch.nn.LSTM on the same weights.
-    m, x, h0, c0, (wy, wh, wc) = _lstm_training_case(layers, bi)
+def _lstm_training_vs_torch(layers, bi, **sizes):
+    """(torchops, torch.nn.LSTM) pairs of outputs and gradients of one float32 training step, same weights."""
+    m, x, h0, c0, (wy, wh, wc) = _lstm_training_case(layers, bi, **sizes)
     xr, h0r, c0r = (v.clone().requires_grad_() for v in (x, h0, c0))
     y, (hn, cn) = m(xr, (h0r, c0r))
     ((y * wy).sum() + (hn * wh).sum() + (cn * wc).sum()).backward()
@@ -804,8 +803,15 @@ def test_float32_lstm_training_matches_torch(layers, bi):
     xo, h0o, c0o = (v.clone().requires_grad_() for v in (x, h0, c0))
     yo, hno, cno, res = ops.cudnn_rnn(xo, h0o, c0o, p, "lstm", "linear_input", direction(bi))
     ((yo * wy).sum() + (hno * wh).sum() + (cno * wc).sum()).backward()
-    for a, e in [(yo, y), (hno, hn), (cno, cn), (xo.grad, xr.grad), (h0o.grad, h0r.grad), (c0o.grad, c0r.grad),
-                 (p.grad, grads_of(m))]:
+    pairs = [(yo, y), (hno, hn), (cno, cn), (xo.grad, xr.grad), (h0o.grad, h0r.grad), (c0o.grad, c0r.grad)]
+    return pairs, (p.grad, grads_of(m))
+
+
+@pytest.mark.parametrize("layers,bi", [(1, False), (2, False), (1, True), (3, True)])
+def test_float32_lstm_training_matches_torch(layers, bi):
+    # CPU float32 lstm training (oneDNN's forward and backward) against torch.nn.LSTM on the same weights.
+    pairs, params_grads = _lstm_training_vs_torch(layers, bi)
+    for a, e in pairs + [params_grads]:
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
 
 
@@ -814,17 +820,10 @@ def test_float32_lstm_training_matches_torch(layers, bi):
 def test_float32_lstm_training_runs_onednn(layers, bi):
     # float32 lstm trains through the same oneDNN primitives as torch.nn.LSTM: the same bits, forward and
     # backward (the time loops round differently).
-    m, x, h0, c0, (wy, wh, wc) = _lstm_training_case(layers, bi, t=7, b=5, i=9, h=16)
-    xr, h0r, c0r = (v.clone().requires_grad_() for v in (x, h0, c0))
-    y, (hn, cn) = m(xr, (h0r, c0r))
-    ((y * wy).sum() + (hn * wh).sum() + (cn * wc).sum()).backward()
-    p = params_of(m).detach().requires_grad_()
-    xo, h0o, c0o = (v.clone().requires_grad_() for v in (x, h0, c0))
-    yo, hno, cno, res = ops.cudnn_rnn(xo, h0o, c0o, p, "lstm", "linear_input", direction(bi))
-    ((yo * wy).sum() + (hno * wh).sum() + (cno * wc).sum()).backward()
-    for a, e in [(yo, y), (hno, hn), (cno, cn), (xo.grad, xr.grad), (h0o.grad, h0r.grad), (c0o.grad, c0r.grad)]:
+    pairs, params_grads = _lstm_training_vs_torch(layers, bi, t=7, b=5, i=9, h=16)
+    for a, e in pairs:
         torch.testing.assert_close(a, e, rtol=0, atol=0)
-    torch.testing.assert_close(p.grad, grads_of(m), rtol=1e-6, atol=1e-6)  # (the two biases' sum order differs)
+    torch.testing.assert_close(*params_grads, rtol=1e-6, atol=1e-6)  # (the two biases' sum order differs)
 
 
 @pytest.mark.parametrize("layers,bi", [(2, False), (1, False), (2, True)])

@@ -11,7 +11,6 @@
 #include <ATen/ops/mkldnn_rnn_layer_backward.h>
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/alloc_cpu.h>
-#include <c10/core/Storage.h>
 
 #include <cstdlib>
 #if defined(__unix__) || defined(__APPLE__)
@@ -71,13 +70,6 @@ void delete_state(void* ctx) {
   delete s;
 }
 
-const OnednnState* state_of(const Tensor& reserve) {
-  if (!reserve.has_storage() || reserve.storage_offset() != 0) return nullptr;
-  const c10::DataPtr& d = reserve.storage().data_ptr();
-  if (d.get_deleter() != &delete_state) return nullptr;
-  return static_cast<const OnednnState*>(d.get_context());
-}
-
 }  // namespace
 
 std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0,
@@ -122,11 +114,7 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
     state->bytes = static_cast<size_t>(reserve_numel) * x.element_size();
     state->memory = map_reserve(state->bytes);
     void* data = state->memory;
-    const auto nbytes = static_cast<int64_t>(state->bytes);
-    c10::DataPtr dp(data, state.release(), &delete_state, x.device());
-    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), /*allocator=*/nullptr,
-                         /*resizable=*/false);
-    r.reserve = at::empty({0}, x.options()).set_(storage, 0, {reserve_numel}, {1});
+    r.reserve = reserve_owning(data, reserve_numel, x.options(), state.release(), &delete_state);
   }
   return r;
 }
@@ -134,7 +122,7 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
 std::optional<T4> onednn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve, const Tensor& x,
                                   const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY_last,
                                   const Tensor& dhN, const Tensor& dcN) {
-  const OnednnState* s = state_of(reserve);
+  const auto* s = static_cast<const OnednnState*>(reserve_state(reserve, &delete_state));
   if (s == nullptr || static_cast<int64_t>(s->ws.size()) != c.L * c.D || s->out.back()._version() != s->out_version)
     return std::nullopt;
   const Tensor dh0 = at::empty({c.L * c.D, c.B, c.H}, x.options()), dc0 = at::empty({c.L * c.D, c.B, c.H}, x.options());

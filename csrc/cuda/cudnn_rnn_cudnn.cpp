@@ -20,7 +20,6 @@
 #include <ATen/ops/tensor.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/empty.h>
-#include <c10/core/Storage.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -117,13 +116,6 @@ struct CudnnState {
 
 void delete_state(void* ctx) { delete static_cast<CudnnState*>(ctx); }
 
-const CudnnState* state_of(const Tensor& reserve) {
-  if (!reserve.has_storage() || reserve.storage_offset() != 0) return nullptr;
-  const c10::DataPtr& d = reserve.storage().data_ptr();
-  if (d.get_deleter() != &delete_state) return nullptr;
-  return static_cast<const CudnnState*>(d.get_context());
-}
-
 }  // namespace
 
 std::optional<LibraryForward> cudnn_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0,
@@ -157,12 +149,8 @@ std::optional<LibraryForward> cudnn_forward(const Cfg& c, const Layout& lay, con
     state->weight_buf = std::get<4>(o);
     state->packing = std::move(pk);
     state->buf = at::empty({reserve_numel}, x.options());
-    const int64_t nbytes = reserve_numel * static_cast<int64_t>(x.element_size());
     void* data = state->buf.data_ptr();
-    c10::DataPtr dp(data, state.release(), &delete_state, x.device());
-    c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(dp), /*allocator=*/nullptr,
-                         /*resizable=*/false);
-    r.reserve = at::empty({0}, x.options()).set_(storage, 0, {reserve_numel}, {1});
+    r.reserve = reserve_owning(data, reserve_numel, x.options(), state.release(), &delete_state);
   }
   return r;
 }
@@ -170,7 +158,7 @@ std::optional<LibraryForward> cudnn_forward(const Cfg& c, const Layout& lay, con
 std::optional<T4> cudnn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve, const Tensor& x,
                                  const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY,
                                  const Tensor& dhN, const Tensor& dcN) {
-  const CudnnState* s = state_of(reserve);
+  const auto* s = static_cast<const CudnnState*>(reserve_state(reserve, &delete_state));
   if (s == nullptr || !enabled()) return std::nullopt;
   const std::optional<Packing>& pk = s->packing;
   const std::vector<Tensor> w = weight_list(c, lay, p);

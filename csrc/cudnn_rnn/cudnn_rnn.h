@@ -54,6 +54,13 @@ struct LibraryForward {
 };
 using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// A library route's reserve_space: `numel` elements over `data` (the orchestration writes its header), whose
+// storage owns `state` and releases it with `deleter`. reserve_state finds the state again; a copy of the
+// reserve does not carry it (null).
+at::Tensor reserve_owning(void* data, int64_t numel, const at::TensorOptions& options, void* state,
+                          void (*deleter)(void*));
+const void* reserve_state(const at::Tensor& reserve, void (*deleter)(void*));
+
 // Per-step kernels. Every matrix argument is an [nb, n] view with unit column stride and any row
 // stride (stride(0)); all data is in the compute dtype (float32 or float64). `lens` is an int32 [nb]
 // tensor on the kernels' device or undefined (every row active); row b is active at step t iff

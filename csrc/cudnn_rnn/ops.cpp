@@ -23,6 +23,7 @@
 #include <ATen/ops/sum.h>
 #include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
+#include <c10/core/Storage.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -384,6 +385,21 @@ void fill_masks(Res& r, double p, int64_t seed, int64_t seed2) {
 }
 
 }  // namespace
+
+Tensor reserve_owning(void* data, int64_t numel, const at::TensorOptions& options, void* state,
+                      void (*deleter)(void*)) {
+  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+  c10::DataPtr ptr(data, state, deleter, options.device());
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr), /*allocator=*/nullptr,
+                       /*resizable=*/false);
+  return at::empty({0}, options).set_(storage, 0, {numel}, {1});
+}
+
+const void* reserve_state(const Tensor& reserve, void (*deleter)(void*)) {
+  if (!reserve.has_storage() || reserve.storage_offset() != 0) return nullptr;
+  const c10::DataPtr& d = reserve.storage().data_ptr();
+  return d.get_deleter() == deleter ? d.get_context() : nullptr;
+}
 
 PlParams pl_params(const Cfg& c, const Layout& lay, const Tensor& p, int64_t pl) {
   const int64_t l = pl / c.D, in = in_width(c, l), GH = c.G * c.H;
