@@ -1212,10 +1212,10 @@ def test_cuda_cudnn_backprop_from_a_copied_reserve():
     got = F.cudnn_rnn_backprop(*args, res.clone(), "lstm")
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
-    y.mul_(2)  # the op's output is a copy: cuDNN's backward reads its own
+    y.mul_(2)  # outputs changed in place do not change the gradients
     again = F.cudnn_rnn_backprop(*args, res, "lstm")
     for a, e in zip(again, want):
-        torch.testing.assert_close(a, e, rtol=0, atol=0)
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.cuda
