@@ -70,7 +70,6 @@ void check_dropout(double p) {
   TORCH_CHECK(p >= 0.0 && p <= 1.0, "dropout must be in [0, 1], got ", p);
 }
 
-// The model configuration.
 // Resolves skip_input: explicit skip requires I == H; auto_select picks it iff I == H.
 bool resolve_skip(int input_mode, int64_t I, int64_t H) {
   if (input_mode == 1) {
