@@ -9,7 +9,8 @@
 //   <family>/ops.cpp          validation, output allocation and the device-independent algorithm
 //   <family>/<unit>.cpp       further units (batching's resources and registry, accumulator's core and registry)
 //   cpu/<family>_kernel.cpp   CPU kernels and the CPU Kernels table; cpu/<family>_kernel_isa.h holds the loops
-//                             compiled once per instruction set (cpu/cpu_isa.h, cpu/cpu_isa_sections.h)
+//                             compiled once per instruction set (cpu/cpu_isa.h, cpu/cpu_isa_sections.h);
+//                             cpu/<family>_onednn.cpp a oneDNN route (a Kernels table's library_forward/backward)
 //   cuda/<family>_kernel.cu   CUDA kernels; cuda/*.cpp host code (cuDNN through ATen); CUDA builds only
 //   autograd/<family>.cpp     autograd::Functions at the Autograd key
 //   common/<family>_math.h    scalar math shared by the CPU and CUDA kernels
