@@ -15,8 +15,8 @@
 //   autograd/<family>.cpp     autograd::Functions at the Autograd key
 //   common/<family>_math.h    scalar math shared by the CPU and CUDA kernels
 // Shared helpers: common/arg_checks.h (every family); rnn_util.h and cpu/packed_gemm* (the two RNN families).
-// Registration: every TORCH_LIBRARY_IMPL block is a plain list of m.impl("op", function) lines; a device file
-// registers &Impls<its Kernels table>::op for each of its family's device ops.
+// Registration: every TORCH_LIBRARY_IMPL block is (or calls) a plain list of m.impl("op", function) lines; a
+// device file registers &Impls<its Kernels table>::op for each of its family's device ops.
 #include <torch/library.h>
 
 TORCH_LIBRARY(torchops, m) {

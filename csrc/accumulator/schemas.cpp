@@ -95,7 +95,9 @@ TORCH_LIBRARY_FRAGMENT(torchops, m) {
   m.def("_accumulator_in_flight() -> int", &in_flight_op);
 }
 
-TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) {
+namespace {
+// The accumulator ops, registered at two keys below.
+void impl_accumulator_ops(torch::Library& m) {
   using namespace torchops::accumulator;
   m.impl("accumulator_apply_gradient", &apply_gradient);
   m.impl("accumulator_take_gradient", &take_gradient);
@@ -107,17 +109,9 @@ TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) {
   m.impl("sparse_accumulator_apply_gradient.sparse_tensor", &sparse_apply_gradient_coo);
   m.impl("sparse_accumulator_take_gradient", &sparse_take_gradient);
 }
+}  // namespace
+
+TORCH_LIBRARY_IMPL(torchops, CompositeExplicitAutograd, m) { impl_accumulator_ops(m); }
 
 // Not differentiable: the same kernels, producing tensors without history.
-TORCH_LIBRARY_IMPL(torchops, Autograd, m) {
-  using namespace torchops::accumulator;
-  m.impl("accumulator_apply_gradient", &apply_gradient);
-  m.impl("accumulator_take_gradient", &take_gradient);
-  m.impl("accumulator_num_accumulated", &num_accumulated);
-  m.impl("accumulator_num_accumulated.sparse", &num_accumulated_sparse);
-  m.impl("accumulator_set_global_step", &set_global_step);
-  m.impl("accumulator_set_global_step.sparse", &set_global_step_sparse);
-  m.impl("sparse_accumulator_apply_gradient", &sparse_apply_gradient);
-  m.impl("sparse_accumulator_apply_gradient.sparse_tensor", &sparse_apply_gradient_coo);
-  m.impl("sparse_accumulator_take_gradient", &sparse_take_gradient);
-}
+TORCH_LIBRARY_IMPL(torchops, Autograd, m) { impl_accumulator_ops(m); }
