@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # One command for a lent GPU machine (H100/H200, torch 2.11, Python 3.12, CUDA 13.0, 16 cores, no network):
-# builds torchops with CUDA, runs every CUDA test, then the CUDA benchmarks of BatchNorm and CudnnRNN, in about
-# 8 minutes. Run from the repository root:  bash scripts/gpu_check.sh [OUTDIR]
+# builds torchops with CUDA, runs every CUDA test, then the CUDA benchmarks. Run from the repository root:
+#   bash scripts/gpu_check.sh [OUTDIR]
 # Results go to OUTDIR (default $OUT, else ./gpu_check_out): build.log, pytest_cuda.log, pytest_full.log,
-# bench_bn.json/.log, bench_rnn.json/.log, summary.txt. Stage timings are printed and written to summary.txt.
+# bench_<family>.json/.log, summary.txt. Stage timings are printed and written to summary.txt.
+#
+# STAGES picks what runs, in this order (default: all of them, each only while TIME_BUDGET allows):
+#   build tests bench_bn bench_rnn bench_brnn bench_batching full
+# On a warm machine the in-place build survives between calls, so one session can split the work, e.g.
+#   STAGES="build tests bench_bn bench_rnn" bash scripts/gpu_check.sh   then
+#   STAGES="bench_brnn bench_batching" bash scripts/gpu_check.sh
+# (a stage list without `build` needs a CUDA build already in place).
 #
 # Python: the machine's plain `python3` already holds torch, pytest, pytest-xdist and numpy and nothing can be
 # installed there, so it is used directly (no virtual environment). The build is in place, as in development.
-# Environment knobs: TIME_BUDGET (seconds, default 480): the full suite runs only with time left over;
+# Environment knobs: TIME_BUDGET (seconds, default 540): later stages are skipped once it is spent;
 # BENCH_QUICK=1: one round per benchmark case.
 set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -16,7 +23,10 @@ OUTDIR="${1:-${OUT:-$ROOT/gpu_check_out}}"
 mkdir -p "$OUTDIR"
 PY="${PYTHON:-python3}"
 export PYTHONUNBUFFERED=1
-BUDGET="${TIME_BUDGET:-480}"
+BUDGET="${TIME_BUDGET:-540}"
+STAGES=" ${STAGES:-build tests bench_bn bench_rnn bench_brnn bench_batching full} "
+want() { [[ "$STAGES" == *" $1 "* ]]; }
+left() { echo $(( BUDGET - $(elapsed) )); }
 START=$(date +%s)
 SUMMARY="$OUTDIR/summary.txt"
 : >"$SUMMARY"
@@ -39,14 +49,16 @@ nvidia-smi -L 2>&1 | tee -a "$SUMMARY"
 "$PY" -c "import torch, sys; print('python', sys.version.split()[0], 'torch', torch.__version__, 'cuda', torch.version.cuda, 'cudnn', torch.backends.cudnn.version(), 'device', torch.cuda.get_device_name())" 2>&1 | tee -a "$SUMMARY"
 
 export CXX=/usr/bin/g++ CC=/usr/bin/gcc TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=16 TORCHOPS_WITH_CUDA=1 NVCC_THREADS=4
-if ! stage build 330 "$OUTDIR/build.log" "$PY" setup.py build_ext --inplace; then
-  note "build failed: see build.log"
-  exit 1
+if want build; then
+  if ! stage build 330 "$OUTDIR/build.log" "$PY" setup.py build_ext --inplace; then
+    note "build failed: see build.log"
+    exit 1
+  fi
 fi
 "$PY" -c "import torchops, torchops._build_info as b; print('torchops', torchops.__file__, 'WITH_CUDA', b.WITH_CUDA)" 2>&1 | tee -a "$SUMMARY"
 
 # cuDNN's reserve bytes per training batch norm (0: reserve_space_3 stays [0] on the cuDNN route too).
-"$PY" - <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
+want bench_bn && "$PY" - <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
 import torch
 for shape, fmt in [((32, 64, 56, 56), torch.contiguous_format), ((32, 64, 56, 56), torch.channels_last),
                    ((64, 256, 14, 14), torch.channels_last), ((4, 16, 3, 5, 6), torch.channels_last_3d)]:
@@ -55,22 +67,32 @@ for shape, fmt in [((32, 64, 56, 56), torch.contiguous_format), ((32, 64, 56, 56
 PYEOF
 
 # Every test marked `cuda` (the device-parametrized tests run their CUDA cases in the full suite below).
-stage "pytest -m cuda" 150 "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra -p no:cacheprovider -n 8 --dist loadfile tests
+want tests && stage "pytest -m cuda" 150 "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra -p no:cacheprovider \
+  -n 8 --dist loadfile tests
 
 BENCH_ARGS=(--device cuda)
 [ "${BENCH_QUICK:-0}" = 1 ] && BENCH_ARGS+=(--quick)
+bench() {  # bench NAME FAMILY LIMIT_S ARGS...: one benchmark family, skipped when the budget is spent
+  local name=$1 family=$2 limit=$3; shift 3
+  want "$name" || return 0
+  if [ "$(left)" -lt 60 ]; then note "$name: skipped, $(left)s of the ${BUDGET}s budget left"; return 0; fi
+  stage "$name" "$limit" "$OUTDIR/$name.log" "$PY" -m torchops.bench --filter "$family" --json "$OUTDIR/$name.json" "$@"
+}
 # BatchNorm: FP32 only (no matmul or convolution, so TF32 does not apply), five rounds per case.
-stage "bench bn" 120 "$OUTDIR/bench_bn.log" "$PY" -m torchops.bench "${BENCH_ARGS[@]}" --filter bn --precision fp32 \
-  --json "$OUTDIR/bench_bn.json"
-# CudnnRNN ops and modules: FP32 and TF32, both sides under the same setting; one round per case to fit.
-stage "bench cudnn_rnn" 120 "$OUTDIR/bench_rnn.log" "$PY" -m torchops.bench --device cuda --quick --filter cudnn_rnn \
-  --precision both --json "$OUTDIR/bench_rnn.json"
+bench bench_bn bn 120 "${BENCH_ARGS[@]}" --precision fp32
+# CudnnRNN ops and modules (cudnn: both families), and the block RNN ops (rnn): FP32 and TF32, both sides under the same setting; one round
+# per case to fit.
+bench bench_rnn cudnn 150 --device cuda --quick --precision both
+bench bench_brnn rnn 90 --device cuda --quick --precision both
+# Batching: Python threads and C++ client threads (a libtorch driver, compiled on first use), FP32.
+bench bench_batching batching 180 --device cuda --quick --precision fp32
 
-left=$(( BUDGET - $(elapsed) ))
-if [ "$left" -gt 90 ]; then
-  stage "pytest full (not slow)" $(( left - 20 )) "$OUTDIR/pytest_full.log" "$PY" -m pytest -q -ra -p no:cacheprovider \
-    -n 12 --dist loadfile -m "not slow" tests
-else
-  note "pytest full: skipped, ${left}s of the ${BUDGET}s budget left"
+if want full; then
+  if [ "$(left)" -gt 90 ]; then
+    stage "pytest full (not slow)" $(( $(left) - 20 )) "$OUTDIR/pytest_full.log" "$PY" -m pytest -q -ra \
+      -p no:cacheprovider -n 12 --dist loadfile -m "not slow" tests
+  else
+    note "pytest full: skipped, $(left)s of the ${BUDGET}s budget left"
+  fi
 fi
 note "total $(elapsed)s"

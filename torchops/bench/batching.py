@@ -33,6 +33,11 @@ IN, HIDDEN, OUT = 256, 1024, 256
 CLIENTS = [1, 4, 16, 32]
 MAX_BATCH = [8, 16, 32]
 TIMEOUT_US = 1000
+# On a GPU: the C++ clients at >= 2x max_batch_size (and fewer configurations: each driver run is a process
+# that initialises CUDA).
+CUDA_CLIENTS = [1, 16, 32]
+CUDA_CPP = [(16, 8), (32, 8), (32, 16)]  # (clients, max_batch)
+CUDA_SPEEDUP_TARGET = 3.0
 
 
 def _mlp(device):
@@ -112,12 +117,29 @@ def _cpp_driver():
                 is_standalone=True, is_python_module=False, verbose=False)
 
 
+class _HostIO(torch.nn.Module):
+    """Host rows in, host rows out, the module on `device`: what a server receiving requests from the network
+    runs. Behind nn.Batched the copies to and from the device are made once per batch."""
+
+    device: str
+
+    def __init__(self, module: torch.nn.Module, device: str):
+        super().__init__()
+        self.module = module
+        self.device = device
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.module(x.to(torch.device(self.device))).cpu()
+
+
 class _CppModel:
     """A scripted model driven by N C++ threads of a separate libtorch process (no GIL)."""
 
-    def __init__(self, exe, scripted, tmpdir, shared_name=""):
+    def __init__(self, exe, scripted, tmpdir, shared_name="", shape=(IN,), device="cpu"):
         self.exe = exe
         self.shared_name = shared_name  # (batched models: its queue's statistics come back too)
+        self.shape = "x".join(str(d) for d in shape)  # one request row
+        self.device = device  # (cuda: host requests and results, see _HostIO)
         self.stats = None
         self.path = os.path.join(tmpdir, f"{uuid.uuid4().hex}.pt")
         scripted.save(self.path)
@@ -126,8 +148,9 @@ class _CppModel:
         torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")  # libtorch (and libc10_cuda) for the driver
         env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
                    LD_LIBRARY_PATH=torch_lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
-        cmd = [self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), str(IN)]
-        p = subprocess.run(cmd + [self.shared_name, str(rows)], capture_output=True, text=True, timeout=300, env=env)
+        cmd = [self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), self.shape]
+        p = subprocess.run(cmd + [self.shared_name, str(rows), self.device], capture_output=True, text=True,
+                           timeout=300, env=env)
         if p.returncode != 0:
             raise RuntimeError(f"batching bench driver failed: {p.stdout}{p.stderr}")
         lines = p.stdout.splitlines()
@@ -184,6 +207,44 @@ def _ceilings(mlp, exe, rows, seconds, tmpdir):
     return out
 
 
+def _cuda_cpp_rows(exe, device, seconds, rounds, tmpdir):
+    """C++ client threads on a GPU: the MLP and the demo's model (untrained DigitNet), host requests and
+    results (_HostIO), direct calls against nn.Batched with one batch thread."""
+    from ..demo.model import build_model
+
+    workloads = [("mlp", _mlp(device).eval(), (IN,)), ("demo", build_model("gru", device=str(device)).eval(), (1, 8, 8))]
+    rows = []
+    for label, module, shape in workloads:
+        host = _HostIO(module, str(device))
+        direct = _CppModel(exe, torch.jit.script(host), tmpdir, shape=shape, device="cuda")
+        for clients in sorted({c for c, _ in CUDA_CPP}):
+            configs, batched = [], []
+            for max_batch in [m for c, m in CUDA_CPP if c == clients]:
+                name = f"bench/{uuid.uuid4().hex}"
+                b = torch.jit.script(torchops.nn.Batched(host, num_batch_threads=1, max_batch_size=max_batch,
+                                                         batch_timeout_micros=TIMEOUT_US, shared_name=name))
+                configs.append(max_batch)
+                batched.append(_CppModel(exe, b, tmpdir, name, shape=shape, device="cuda"))
+            results = _median_drive([direct] + batched, clients, seconds, device, rounds)
+            tp_u, p50_u, p99_u, cpus_u = results[0][:4]
+            for max_batch, res in zip(configs, results[1:]):
+                tp_b, p50_b, p99_b, cpus_b = res[:4]
+                row = {"table": "cuda_cpp", "case": f"cpp {label} c{clients} mb{max_batch}", "mode": "cpp",
+                       "model": label, "clients": clients, "max_batch": max_batch, "nbt": 1,
+                       "unbatched_req/s": tp_u, "batched_req/s": tp_b, "speedup": tp_b / tp_u,
+                       "unbatched_p50_us": p50_u, "unbatched_p99_us": p99_u, "batched_p50_us": p50_b,
+                       "batched_p99_us": p99_b, "p50_budget_us": p50_u + TIMEOUT_US, "unbatched_cpus": cpus_u,
+                       "batched_cpus": cpus_b, "cpu_us_per_req": cpus_b / tp_b * 1e6}
+                if label == "mlp":
+                    row["met"] = tp_b >= CUDA_SPEEDUP_TARGET * tp_u and p50_b <= p50_u + TIMEOUT_US
+                s = res[4]
+                if s:
+                    row["mean_batch"] = s["rows"] / max(1, s["batches_formed"])
+                    row["queue_wait_p50_us"] = s["queue_wait_us"]["p50"]
+                rows.append(row)
+    return rows
+
+
 def _median_drive(fns, clients, seconds, device, rounds):
     """Alternates the callables `rounds` times; per callable the round with the median throughput."""
     per = [[] for _ in fns]
@@ -211,22 +272,25 @@ def run(args):
     rows = []
     modes = ["eager", "script"]
     exe = None
-    if device.type == "cpu":
-        try:
-            exe = _cpp_driver()
-            modes.append("cpp")
-        except Exception as e:  # noqa: BLE001
-            print(f"batching: mode 'cpp' skipped (could not build the libtorch driver: {e})")
+    try:
+        exe = _cpp_driver()
+        if device.type == "cpu":
+            modes.append("cpp")  # (on a GPU, the C++ clients' own table below)
+    except Exception as e:  # noqa: BLE001
+        print(f"batching: mode 'cpp' skipped (could not build the libtorch driver: {e})")
     tmpdir = tempfile.mkdtemp(prefix="torchops-bench-")
     cores = len(os.sched_getaffinity(0))
+    cuda = device.type == "cuda"
+    cuda_rows = []
     with torch.no_grad():
         for mode in modes:
-            for clients in CLIENTS:
+            for clients in CUDA_CLIENTS if cuda else CLIENTS:
                 direct = mlp if mode == "eager" else torch.jit.script(mlp)
                 if mode == "cpp":
                     direct = _CppModel(exe, direct, tmpdir)
-                # One batch thread, and one per core where several batches can be under way at once.
-                nbts = sorted({1, cores}) if clients >= 16 else [1]
+                # One batch thread, and one per core where several batches can be under way at once (on the
+                # CPU: the batch thread count is what shares the cores).
+                nbts = sorted({1, cores}) if clients >= 16 and not cuda else [1]
                 configs, batched = [], []
                 for nbt in nbts:
                     for max_batch in MAX_BATCH:
@@ -266,7 +330,9 @@ def run(args):
                 added.append({"table": "added_latency", "mode": mode, "batch_timeout_us": timeout, "unbatched_p50_us": p50_u,
                               "batched_p50_us": p50_b, "batched_p99_us": p99_b, "added_p50_us": p50_b - p50_u,
                               "budget_us": timeout + 200, "met": p50_b - p50_u <= timeout + 200})
-        ceilings = _ceilings(mlp, exe, rows, seconds, tmpdir) if exe is not None else []
+        ceilings = _ceilings(mlp, exe, rows, seconds, tmpdir) if exe is not None and not cuda else []
+        if cuda and exe is not None:
+            cuda_rows = _cuda_cpp_rows(exe, device, seconds, rounds, tmpdir)
     torch.set_num_threads(prev_threads)
     print_table(f"batching: MLP {IN}->{HIDDEN}->{OUT} float32, 1-row requests from N client threads; "
                 f"nn.Batched(max_batch_size=max_batch, batch_timeout_micros={TIMEOUT_US}, num_batch_threads=nbt) "
@@ -292,5 +358,14 @@ def run(args):
                      "compute_ceiling_req/s", "ceiling_req/s", "unbatched_req/s", "ceiling_speedup", "best_nbt",
                      "measured_req/s", "speedup", "of_ceiling", "compute_now_req/s", "of_compute_now", "cpu_us_per_req",
                      "batched_cpus", "unbatched_p99_us", "batched_p99_us"])
+    if cuda_rows:
+        print_table(f"batching on {torch.cuda.get_device_name(device)}: C++ client threads of a libtorch process, "
+                    f"host requests and results (the model copies each call's or each batch's rows to the GPU and "
+                    f"back), direct calls vs nn.Batched(num_batch_threads=1, batch_timeout_micros={TIMEOUT_US}); mlp = "
+                    f"the MLP above, demo = the demo's DigitNet (GRU head); met: mlp speedup >= "
+                    f"{CUDA_SPEEDUP_TARGET} and batched p50 <= unbatched p50 + batch_timeout_micros", cuda_rows,
+                    ["model", "clients", "max_batch", "unbatched_req/s", "batched_req/s", "speedup", "met",
+                     "unbatched_p50_us", "batched_p50_us", "p50_budget_us", "unbatched_p99_us", "batched_p99_us",
+                     "unbatched_cpus", "batched_cpus", "cpu_us_per_req", "mean_batch", "queue_wait_p50_us"])
     torchops.batching.close_all()
-    return rows + added + ceilings
+    return rows + added + ceilings + cuda_rows

@@ -3,8 +3,11 @@
 // 1-row requests from N C++ threads for a fixed time (the "TorchScript model served from many C++
 // threads" use case, without the Python GIL). Prints: requests_per_s p50_us p99_us cpus_busy
 // (cpus_busy: the process's CPU time / wall time; below the core count = threads waiting, not working).
-// Optional: the model's batching queue (its statistics are printed as a second line) and the rows per
-// request (default 1; the bench's compute ceiling runs full batches of the plain model).
+// Optional: the model's batching queue (its statistics are printed as a second line), the rows per
+// request (default 1; the bench's compute ceiling runs full batches of the plain model) and the device the
+// model runs on ("cuda": libtorch_cuda is loaded first; requests and results stay host tensors, the model
+// moves them, as a server receiving requests from the network would). `shape`: a request row's shape,
+// e.g. 256 or 1x8x8.
 //
 // `--handoff clients batch seconds`: the hand-off floor of this machine, with no torch at all: N threads
 // form batches of `batch` requests through one mutex and a condition variable per batch (the batch's
@@ -87,7 +90,12 @@ int main(int argc, char** argv) {
   if (argc == 5 && std::strcmp(argv[1], "--handoff") == 0)
     return handoff(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]));
   if (argc < 6) {
-    std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds in_features [shared_name|\"\" [rows]]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds shape [shared_name|\"\" [rows [cpu|cuda]]]\n",
+                 argv[0]);
+    return 2;
+  }
+  if (argc >= 9 && std::strcmp(argv[8], "cuda") == 0 && !dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL)) {
+    std::fprintf(stderr, "dlopen libtorch_cuda.so failed: %s\n", dlerror());
     return 2;
   }
   if (!dlopen(argv[1], RTLD_NOW | RTLD_GLOBAL)) {
@@ -99,8 +107,21 @@ int main(int argc, char** argv) {
   model.eval();
   const int clients = std::atoi(argv[3]);
   const double seconds = std::atof(argv[4]);
-  const int64_t in_features = std::atoll(argv[5]);
   const int64_t rows = argc >= 8 ? std::atoll(argv[7]) : 1;
+  std::vector<int64_t> shape{rows};
+  for (const char* p = argv[5]; *p;) {  // "256" or "1x8x8"
+    char* end = nullptr;
+    shape.push_back(std::strtoll(p, &end, 10));
+    if (end == p || shape.back() < 1 || (*end && *end != 'x')) {
+      std::fprintf(stderr, "bad shape %s\n", argv[5]);
+      return 2;
+    }
+    p = *end ? end + 1 : end;
+  }
+  if (shape.size() < 2) {
+    std::fprintf(stderr, "bad shape \"%s\": expected dims such as 256 or 1x8x8\n", argv[5]);
+    return 2;
+  }
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, stop{false};
   std::vector<std::vector<double>> lat(clients);
@@ -109,7 +130,7 @@ int main(int argc, char** argv) {
     pool.emplace_back([&, i] {
       torch::NoGradGuard no_grad;
       at::set_num_threads(1);  // OpenMP's thread count is per thread
-      auto x = torch::randn({rows, in_features});
+      auto x = torch::randn(shape);
       model.forward({x});
       ++ready;
       while (!go) std::this_thread::yield();

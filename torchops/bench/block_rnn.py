@@ -2,7 +2,8 @@
 
 * gru_block_cell vs the same equations composed from PyTorch ops (eager autograd), (B, I, C) =
   (64, 256, 256) and (256, 512, 512).
-* block_lstm_v2 vs torch.nn.LSTM and block_gru vs torch.nn.GRU, (T, B, I, C) = (50, 32, 128, 256).
+* block_lstm_v2 vs torch.nn.LSTM and block_gru vs torch.nn.GRU, (T, B, I, C) = (50, 32, 128, 256), on a GPU
+  also (100, 64, 512, 512) and block_lstm (TF's first version: icfo gate order, forget bias 1, cell clip 3).
 "forward" runs with gradients enabled (training forward); "fwd+bwd" adds the backward of out.sum()
 to every input and parameter. float32.
 """
@@ -12,6 +13,7 @@ from ._timing import compare_cases
 
 CELL_SHAPES = [(64, 256, 256), (256, 512, 512)]
 SEQ_SHAPES = [(50, 32, 128, 256)]
+SEQ_SHAPES_CUDA = SEQ_SHAPES + [(100, 64, 512, 512)]
 
 
 def _p(*shape, device, scale=0.1):
@@ -43,7 +45,7 @@ def _cases(device):
         name = f"gru_block_cell B={b} I={i} C={c}"
         yield name + " forward", ours, native
         yield name + " fwd+bwd", _fwd_bwd(ours, 3, args), _fwd_bwd(native, 3, args)
-    for (t, b, i, c) in SEQ_SHAPES:
+    for (t, b, i, c) in SEQ_SHAPES_CUDA if device.type == "cuda" else SEQ_SHAPES:
         x, h0, c0 = _p(t, b, i, device=device), _p(b, c, device=device), _p(b, c, device=device)
         lstm = torch.nn.LSTM(i, c).to(device)
         w = torch.cat([lstm.weight_ih_l0.t(), lstm.weight_hh_l0.t()], 0).detach().requires_grad_()
@@ -56,6 +58,12 @@ def _cases(device):
         yield name + " forward", ours, native
         yield name + " fwd+bwd", _fwd_bwd(ours, 6, [x, h0, c0, w, bias]), _fwd_bwd(
             native, 0, [x, h0, c0] + list(lstm.parameters()))
+        if device.type == "cuda":
+            ours = lambda a=(seq, x, c0, h0, w, z, z, z, bias): torch.ops.torchops.block_lstm(*a)  # noqa: E731
+            name = f"block_lstm vs nn.LSTM T={t} B={b} I={i} C={c}"
+            yield name + " forward", ours, native
+            yield name + " fwd+bwd", _fwd_bwd(ours, 6, [x, h0, c0, w, bias]), _fwd_bwd(
+                native, 0, [x, h0, c0] + list(lstm.parameters()))
         gru = torch.nn.GRU(i, c).to(device)
         w_ru, w_c = _p(i + c, 2 * c, device=device), _p(i + c, c, device=device)
         b_ru, b_c = _p(2 * c, device=device), _p(c, device=device)
