@@ -13,7 +13,14 @@ hand-off floor is paid (the CPU time per request of a minimal mutex + condition-
 no tensors, measured by the C++ driver's `--handoff` mode), against the measured unbatched rate, next to the better of the two num_batch_threads settings;
 `of_ceiling` is measured / ceiling throughput, per row. What separates a row from its ceiling, per request:
 `cpu_us_per_req` (the batched side's CPU time per request: model, hand-off and everything else) against the
-ceiling's `model_us_per_row` + `handoff_us_per_req`, and the cores the batched side leaves idle (cores - `batched_cpus`).
+ceiling's `model_us_per_row` + `handoff_us_per_req`, `batcher_us_per_req` (nn.Batched's own CPU time per request,
+measured around a module that returns its input: hand-off plus op calls) and the cores the batched side leaves
+idle (cores - `batched_cpus`); `batcher_ceiling` is the ceiling with the batcher's measured cost in place of the
+floor's.
+
+On a GPU (`--device cuda`) the Python threads call the modules with device tensors (eager and script), and a
+last table has C++ client threads send host requests to the MLP and to the demo's model, each wrapped so that
+it copies rows to the GPU and results back (`_HostIO`): per call for direct calls, per batch behind nn.Batched.
 """
 import json
 import os
@@ -168,6 +175,20 @@ def _handoff_us(exe, clients, max_batch, seconds):
     return cpus / rps * 1e6
 
 
+class _Identity(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def _batcher_us(exe, clients, max_batch, nbt, seconds, tmpdir):
+    """CPU microseconds per request of nn.Batched around a module that returns its input (cpp mode)."""
+    name = f"bench/{uuid.uuid4().hex}"
+    b = torch.jit.script(torchops.nn.Batched(_Identity(), num_batch_threads=nbt, max_batch_size=max_batch,
+                                             batch_timeout_micros=TIMEOUT_US, shared_name=name))
+    rps, _, _, cpus = _CppModel(exe, b, tmpdir, name).drive(clients, seconds)
+    return cpus / rps * 1e6
+
+
 def _ceilings(mlp, exe, rows, seconds, tmpdir):
     """What this machine allows for the cpp mode's batched runs at 16+ clients (see the module doc), next to
     the better measured num_batch_threads setting; adds `of_ceiling` to the throughput rows it covers."""
@@ -183,6 +204,12 @@ def _ceilings(mlp, exe, rows, seconds, tmpdir):
             handoff = _handoff_us(exe, clients, max_batch, seconds)
             compute = in_flight / row_us * 1e6
             with_handoff = min(compute, cores / (row_us + handoff) * 1e6)
+            # The batcher's own CPU time per request: the same clients and queue around a module that returns
+            # its input (hand-off plus op calls; no model).
+            best_nbt = max((r for r in rows if r["mode"] == "cpp" and r["clients"] == clients
+                            and r["max_batch"] == max_batch), key=lambda r: r["batched_req/s"])["nbt"]
+            batcher = _batcher_us(exe, clients, max_batch, best_nbt, seconds, tmpdir)
+            with_batcher = min(compute, cores / (row_us + batcher) * 1e6)
             # The same, measured now: batches_at_once C++ threads running full batches of the plain
             # model back to back (on a shared machine, less than the cores' worth of it).
             rps, _, _, _ = scripted.drive(in_flight, seconds, rows=max_batch)
@@ -196,6 +223,8 @@ def _ceilings(mlp, exe, rows, seconds, tmpdir):
                         "max_batch": max_batch, "model_us_per_row": row_us,
                         "batches_at_once": in_flight, "handoff_us_per_req": handoff, "compute_ceiling_req/s": compute,
                         "ceiling_req/s": with_handoff, "compute_now_req/s": compute_now,
+                        "batcher_us_per_req": batcher, "batcher_ceiling_req/s": with_batcher,
+                        "of_batcher_ceiling": best["batched_req/s"] / with_batcher,
                         "unbatched_req/s": unbatched[clients],
                         "ceiling_speedup": with_handoff / unbatched[clients], "best_nbt": best["nbt"],
                         "measured_req/s": best["batched_req/s"], "speedup": best["speedup"],
@@ -352,12 +381,15 @@ def run(args):
                     "thread; ceiling = min(batches_at_once / model time per row, cores / (model time per row + "
                     "hand-off floor per request)); measured: the cpp mode's better num_batch_threads (best_nbt); "
                     "of_ceiling = measured / ceiling; compute_now: batches_at_once threads running full batches of the "
-                    "plain model, measured now; cpu_us_per_req, batched_cpus: the measured side's CPU time per request "
-                    "and busy cores)", ceilings,
+                    "plain model, measured now; batcher_us_per_req: nn.Batched's CPU time per request around a module "
+                    "that returns its input (the batcher without a model); batcher_ceiling = min(batches_at_once / "
+                    "model time per row, cores / (model time per row + batcher_us_per_req)); cpu_us_per_req, "
+                    "batched_cpus: the measured side's CPU time per request and busy cores)", ceilings,
                     ["clients", "max_batch", "model_us_per_row", "batches_at_once", "handoff_us_per_req",
-                     "compute_ceiling_req/s", "ceiling_req/s", "unbatched_req/s", "ceiling_speedup", "best_nbt",
-                     "measured_req/s", "speedup", "of_ceiling", "compute_now_req/s", "of_compute_now", "cpu_us_per_req",
-                     "batched_cpus", "unbatched_p99_us", "batched_p99_us"])
+                     "batcher_us_per_req", "compute_ceiling_req/s", "ceiling_req/s", "batcher_ceiling_req/s",
+                     "unbatched_req/s", "ceiling_speedup", "best_nbt", "measured_req/s", "speedup", "of_ceiling",
+                     "of_batcher_ceiling", "compute_now_req/s", "of_compute_now", "cpu_us_per_req", "batched_cpus",
+                     "unbatched_p99_us", "batched_p99_us"])
     if cuda_rows:
         print_table(f"batching on {torch.cuda.get_device_name(device)}: C++ client threads of a libtorch process, "
                     f"host requests and results (the model copies each call's or each batch's rows to the GPU and "
