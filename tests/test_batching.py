@@ -1260,13 +1260,50 @@ def test_torch_compile_forward_backward_from_threads():
         assert torch.allclose(r, torch.sin(t) * 2) and torch.allclose(g, torch.cos(t) * 2)
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_calls_on_their_own_streams_see_each_others_data():
+    # Each call writes its input and reads its rows on a stream of its own, after a long kernel there: the
+    # holder's concatenation must wait for the other calls' streams, and each call's stream for the holder's.
+    name, n = uniq(), 4
+
+    def call(v):
+        def f():
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                x = torch.zeros(1, 4096, device="cuda")
+                torch.cuda._sleep(20_000_000)
+                x.fill_(v)
+                b, idx, id_ = ops.batch([x], 1, n, 10_000_000, 0, shared_name=name)
+                y = b[0]
+                if idx.size(0) > 0:
+                    torch.cuda._sleep(20_000_000)
+                    y = y * 2
+                out = ops.unbatch(y, idx, id_, S, shared_name=name + "/u") + 1
+            s.synchronize()
+            return out.cpu()
+        return f
+
+    results, errors = run_threads([call(float(v)) for v in range(1, n + 1)])
+    no_errors(errors)
+    for v, r in zip(range(1, n + 1), results):
+        assert torch.equal(r, torch.full((1, 4096), 2.0 * v + 1))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_forward_works_and_autograd_is_rejected():
     name = uniq()
     x = torch.ones(2, 3, device="cuda")
     b, idx, id_ = ops.batch([x], 1, 4, 0, 0, shared_name=name)
-    assert b[0].device == x.device and idx.device == x.device
+    # batch_index and id are host tensors: reading them never waits for the device
+    assert b[0].device == x.device and idx.device.type == "cpu" and id_.device.type == "cpu"
     u = ops.unbatch(b[0] * 2, idx, id_, S, shared_name=name + "/u")
     assert u.device == x.device and torch.equal(u.cpu(), torch.full((2, 3), 2.0))
+    # (an index and id moved to the device are accepted too)
+    b, idx, id_ = ops.batch([x], 1, 4, 0, 0, shared_name=name)
+    u = ops.unbatch(b[0] * 3, idx.cuda(), id_.cuda(), S, shared_name=name + "/u")
+    assert u.device == x.device and torch.equal(u.cpu(), torch.full((2, 3), 3.0))
+    e = ops.batch([x[:0]], 1, 4, 0, 0, shared_name=name)
+    assert e[0][0].device == x.device and e[1].device.type == "cpu" and e[2].device.type == "cpu"
     with pytest.raises(RuntimeError, match="CPU-only"):
         ops.batch([x.requires_grad_(True)], 1, 4, 0, 0, shared_name=name)

@@ -5,6 +5,8 @@
 #include <ATen/core/LegacyTypeDispatch.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/ArrayRef.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
@@ -54,6 +56,25 @@ class PreciseTimers {
  private:
   int prev_ = 0;
 };
+
+}  // namespace
+
+std::optional<c10::Stream> current_stream(const at::Tensor& t) {
+  if (!t.defined() || !t.is_cuda()) return std::nullopt;
+  return c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+}
+
+void order_after(const at::Tensor& t, const std::optional<c10::Stream>& producer) {
+  if (!producer || !t.defined() || t.device() != producer->device()) return;
+  const c10::Stream consumer = c10::impl::VirtualGuardImpl(t.device().type()).getStream(t.device());
+  if (consumer == *producer) return;
+  c10::Event ready(t.device().type());
+  ready.record(*producer);
+  ready.block(consumer);
+  t.record_stream(consumer);
+}
+
+namespace {
 
 std::string sizes_str(const at::Tensor& t) {
   std::ostringstream ss;
@@ -162,6 +183,7 @@ struct Signal {
 
 struct Task {
   std::vector<at::Tensor> inputs;
+  std::vector<std::optional<c10::Stream>> streams;  // the caller's stream of each input (CUDA inputs)
   int64_t size = 0;
   int64_t id = 0;
   Clock::time_point enqueued;
@@ -333,6 +355,7 @@ void process_batch(BatchState& s, Queue& q, Batch& b, const Task* caller) {
                     "Dimensions of inputs should match: in_tensors[", i, "] of invocation 0 has shape ",
                     sizes_str(ref), " but invocation ", j, " has shape ", sizes_str(t),
                     " (all dimensions but the 0th must be equal)");
+        order_after(t, tasks[j]->streams[i]);  // (another thread's stream: wait for it)
         parts.push_back(t);
       }
       if (padded > n) {
@@ -557,6 +580,8 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
   auto task = std::make_shared<Task>();
   task->size = inputs[0].size(0);
   task->id = new_id();
+  task->streams.reserve(inputs.size());
+  for (const auto& t : inputs) task->streams.push_back(current_stream(t));
   task->inputs = std::move(inputs);
   const int64_t max_size = options_.max_batch_size;
   std::shared_ptr<Batch> inline_batch;

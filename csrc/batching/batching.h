@@ -14,6 +14,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <c10/core/Stream.h>
 #include <c10/util/string_view.h>
 
 #include <atomic>
@@ -24,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -52,6 +54,14 @@ struct BatchOptions {
   int64_t max_enqueued_batches = 10;
   std::vector<int64_t> allowed_batch_sizes;
 };
+
+// Device work of a call runs on its thread's current stream. Tensors handed between the calls of a batch
+// (inputs to the concatenation, rows to their callers) may come from another thread's stream: the
+// receiving stream then waits for the producing one (an event, no host wait), and the caching allocator
+// learns that the receiver uses the tensor. Nothing happens for CPU tensors or on the same stream (the
+// default stream of every thread, unless the caller chose one).
+std::optional<c10::Stream> current_stream(const at::Tensor& t);  // nullopt for non-CUDA tensors
+void order_after(const at::Tensor& t, const std::optional<c10::Stream>& producer);
 
 // Validates the attributes (TF's messages). Throws c10::Error / c10::ValueError.
 void validate_options(const BatchOptions& o);
@@ -115,8 +125,10 @@ class UnbatchResource {
  public:
   explicit UnbatchResource(int64_t timeout_micros) : timeout_micros_(timeout_micros) {}
   int64_t timeout_micros() const { return timeout_micros_; }
-  // pieces: (key, tensor) of a non-empty batch (may be empty). Blocks until `id`'s piece arrives.
-  at::Tensor run(int64_t id, std::vector<std::pair<int64_t, at::Tensor>> pieces, int64_t timeout_micros);
+  // pieces: (key, tensor) of a non-empty batch (may be empty), made on `producer` (current_stream of the
+  // batched tensor). Blocks until `id`'s piece arrives.
+  at::Tensor run(int64_t id, std::vector<std::pair<int64_t, at::Tensor>> pieces, int64_t timeout_micros,
+                 const std::optional<c10::Stream>& producer = std::nullopt);
   // Fails the waiters of these keys (and any later call for them, until it expires) with `message`.
   void fail(const std::vector<int64_t>& keys, const std::string& message);
   void close();
@@ -131,13 +143,16 @@ class UnbatchResource {
     std::condition_variable cv;
     bool done = false;
     at::Tensor value;
+    std::optional<c10::Stream> stream;  // where value was made
     std::string error;
   };
-  static void complete(Waiter& w, at::Tensor value, const std::string& error);
+  static void complete(Waiter& w, at::Tensor value, const std::string& error,
+                       const std::optional<c10::Stream>& stream = std::nullopt);
   struct Piece {
     at::Tensor value;
     std::string error;
     Clock::time_point deadline;
+    std::optional<c10::Stream> stream;  // where value was made
   };
   void sweep_locked(Clock::time_point now);  // drops expired pieces
   void store_locked(int64_t key, Piece piece);

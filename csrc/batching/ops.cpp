@@ -144,16 +144,15 @@ std::tuple<std::vector<at::Tensor>, at::Tensor, at::Tensor> batch_kernel(
     // Degenerate empty input: every output is a 1-D [0] tensor, nothing is enqueued.
     std::vector<at::Tensor> outs;
     for (const auto& t : in_tensors) outs.push_back(at::empty({0}, t.options()));
-    auto opts = in_tensors[0].options().dtype(at::kLong);
-    return {outs, at::empty({0}, opts), at::empty({0}, opts)};
+    return {outs, at::empty({0}, at::kLong), at::empty({0}, at::kLong)};
   }
   std::vector<at::Tensor> inputs(in_tensors.begin(), in_tensors.end());
   BatchOutput out = res->run(std::move(inputs), queue);
-  const auto dev = in_tensors[0].device();
+  // batch_index and id stay host tensors whatever the inputs' device (TF keeps them in host memory): reading
+  // them (Unbatch, the caller's branch on batch_index.size(0)) then never waits for the device.
   at::Tensor id = at::Tensor(at::detail::empty_cpu({}, at::kLong, false));
   *id.mutable_data_ptr<int64_t>() = out.id;
-  if (dev.is_cpu()) return {std::move(out.batched), std::move(out.batch_index), std::move(id)};
-  return {std::move(out.batched), out.batch_index.to(dev), id.to(dev)};
+  return {std::move(out.batched), std::move(out.batch_index), std::move(id)};
 }
 
 // Validation in TF's order, then the sequential split.
@@ -218,7 +217,7 @@ at::Tensor unbatch_kernel(const at::Tensor& batched_tensor, const at::Tensor& ba
     int64_t id;
     ~Release() { on_batching_call(&id); }  // after the rows are stored (or on error)
   } release{last_row_id};
-  return res->run(my, std::move(pieces), timeout_micros);
+  return res->run(my, std::move(pieces), timeout_micros, current_stream(batched_tensor));
 }
 
 // The inference fast path of nn.Batched / batch_function: Batch, and for a call that does not hold its

@@ -39,10 +39,12 @@ void UnbatchResource::store_locked(int64_t key, Piece piece) {
   pieces_[key] = std::move(piece);
 }
 
-void UnbatchResource::complete(Waiter& w, at::Tensor value, const std::string& error) {
+void UnbatchResource::complete(Waiter& w, at::Tensor value, const std::string& error,
+                               const std::optional<c10::Stream>& stream) {
   {
     std::lock_guard<std::mutex> lk(w.m);
     w.value = std::move(value);
+    w.stream = stream;
     w.error = error;
     w.done = true;
   }
@@ -50,7 +52,7 @@ void UnbatchResource::complete(Waiter& w, at::Tensor value, const std::string& e
 }
 
 at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::Tensor>> pieces,
-                                int64_t timeout_micros) {
+                                int64_t timeout_micros, const std::optional<c10::Stream>& producer) {
   std::shared_ptr<Waiter> me;  // (only made when this call has to wait)
   std::vector<std::pair<std::shared_ptr<Waiter>, at::Tensor>> completions;
   {
@@ -66,6 +68,7 @@ at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::T
       pieces_.erase(found);
       lk.unlock();
       TORCH_CHECK(p.error.empty(), p.error);
+      order_after(p.value, p.stream);
       return p.value;
     }
     // 2. Register as a waiter.
@@ -83,14 +86,14 @@ at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::T
         auto mine = waiters_.find(id);
         if (mine != waiters_.end() && mine->second == me) waiters_.erase(mine);
         lk.unlock();
-        for (auto& [w2, v2] : completions) complete(*w2, std::move(v2), "");
+        for (auto& [w2, v2] : completions) complete(*w2, std::move(v2), "", producer);
         TORCH_CHECK(false, "Multiple tensors returned for same batch key.");
       } else {
-        store_locked(key, Piece{std::move(value), "", deadline});
+        store_locked(key, Piece{std::move(value), "", deadline, producer});
       }
     }
   }
-  for (auto& [w, v] : completions) complete(*w, std::move(v), "");
+  for (auto& [w, v] : completions) complete(*w, std::move(v), "", producer);
   // 4. Wait for our own piece.
   std::unique_lock<std::mutex> wl(me->m);
   while (!me->done) {
@@ -120,6 +123,7 @@ at::Tensor UnbatchResource::run(int64_t id, std::vector<std::pair<int64_t, at::T
   }
   wl.unlock();
   TORCH_CHECK(me->error.empty(), me->error);
+  order_after(me->value, me->stream);
   return me->value;
 }
 

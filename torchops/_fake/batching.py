@@ -36,13 +36,15 @@ def _batch(in_tensors, num_batch_threads, max_batch_size, batch_timeout_micros, 
             "Batching input tensors supplied in a given op invocation must have equal 0th-dimension size."))
     first = in_tensors[0]
     if first.shape[0] == 0:  # empty input: every output is a 1-D [0] tensor
-        return ([t.new_empty((0,)) for t in in_tensors], first.new_empty((0,), dtype=torch.int64),
-                first.new_empty((0,), dtype=torch.int64))
+        return ([t.new_empty((0,)) for t in in_tensors], first.new_empty((0,), dtype=torch.int64, device="cpu"),
+                first.new_empty((0,), dtype=torch.int64, device="cpu"))
     ctx = torch.library.get_ctx()
     rows = ctx.new_dynamic_size()
     tasks = ctx.new_dynamic_size()
     batched = [t.new_empty((rows, *t.shape[1:])) for t in in_tensors]
-    return batched, first.new_empty((tasks, 3), dtype=torch.int64), first.new_empty((), dtype=torch.int64)
+    # (batch_index and id are host tensors whatever the inputs' device)
+    return (batched, first.new_empty((tasks, 3), dtype=torch.int64, device="cpu"),
+            first.new_empty((), dtype=torch.int64, device="cpu"))
 
 
 @torch.library.register_fake("torchops::unbatch")
