@@ -237,7 +237,9 @@ void lstm_backward_cuda(const at::Tensor& i, const at::Tensor& cs, const at::Ten
 }  // namespace
 
 const Kernels kCudaKernels{gru_gates_cuda, gru_output_cuda, gru_backward_a_cuda, gru_backward_b_cuda,
-                           lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA};
+                           lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA,
+                           lstm_forward_sequence_cuda, lstm_backward_sequence_cuda, gru_forward_sequence_cuda,
+                           gru_backward_sequence_cuda};
 
 }  // namespace brnn
 }  // namespace torchops
