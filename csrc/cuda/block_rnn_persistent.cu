@@ -26,7 +26,8 @@ namespace {
 namespace cg = cooperative_groups;
 
 constexpr int kThreads = 256;
-constexpr int kMaxSplit = 8;         // threads that share one (row, cell) dot product
+constexpr int kRows = 4;             // batch rows per thread
+constexpr int kMaxSplit = 8;         // threads that share one (rows, cell) dot product
 constexpr int kTileElems = 4096;     // staged source elements per tile
 constexpr int kPrefetch = kTileElems / kThreads;  // of them per thread, held in registers
 
@@ -93,31 +94,38 @@ __device__ __forceinline__ at::opmath_type<T> ldl2(const T* p) {
 }
 
 // acc[g] = sum_k S[b, k] * W(k, g, j) for every (row b, owned cell j) of the block, then epi(b, j, acc).
-// S is [B, K] with row stride lds, read through L2 (other blocks may have written it). Items
-// (b, j) = (item / ncb, item % ncb) go to threads in passes of kThreads / split; with few items, `split`
-// threads share one item's k range and their partial sums are added in shared memory. The source rows of
-// a pass are staged in tiles of kt columns, the next tile prefetched into registers during the current
-// one. Every thread of the block must call it.
+// S is [B, K] with row stride lds, read through L2 (other blocks may have written it). A thread computes
+// kRows rows of one cell (the weights it loads serve kRows rows); groups (rows b0 .. b0 + kRows - 1, cell
+// j) = (group / ncb * kRows, group % ncb) go to threads in passes of kThreads / split; with few groups,
+// `split` threads share one group's k range and their partial sums are added in shared memory. The source
+// rows of a pass are staged in tiles of kt columns, the next tile prefetched into registers during the
+// current one. Every thread of the block must call it.
 template <int NG, typename T, bool kSmem, typename Epi>
 __device__ void block_matmul(const Geo& geo, int ncb, const T* S, int64_t lds, int64_t K,
                              const WSlice<T, kSmem>& w, at::opmath_type<T>* tile, at::opmath_type<T>* red,
                              const Epi& epi) {
   using U = at::opmath_type<T>;
-  const int items = geo.B * ncb;
+  const int groups = (geo.B + kRows - 1) / kRows * ncb;
   int split = 1;
-  while (split < kMaxSplit && items * split * 2 <= kThreads) split *= 2;
+  while (split < kMaxSplit && groups * split * 2 <= kThreads) split *= 2;
   const int per_pass = kThreads / split;
   const int slot = threadIdx.x % per_pass, part = threadIdx.x / per_pass;
   const int ts = geo.kt + 1;  // odd row stride: the rows of one tile column fall in different banks
-  for (int i0 = 0; i0 < items; i0 += per_pass) {
-    const int i1 = min(items, i0 + per_pass);
-    const int b_lo = i0 / ncb, rows = (i1 - 1) / ncb - b_lo + 1;
-    const int item = i0 + slot;
-    const bool active = item < i1;
-    const int b = active ? item / ncb : b_lo, j = active ? item % ncb : 0;
-    U acc[NG];
+  for (int i0 = 0; i0 < groups; i0 += per_pass) {
+    const int i1 = min(groups, i0 + per_pass);
+    const int b_lo = i0 / ncb * kRows, rows = min(geo.B, ((i1 - 1) / ncb + 1) * kRows) - b_lo;
+    const int grp = i0 + slot;
+    const bool active = grp < i1;
+    const int b0 = (active ? grp / ncb : i0 / ncb) * kRows, j = active ? grp % ncb : 0;
+    int roff[kRows];  // tile offsets of the thread's rows; rows past B repeat row B - 1 (never written out)
 #pragma unroll
-    for (int g = 0; g < NG; ++g) acc[g] = U(0);
+    for (int r = 0; r < kRows; ++r) roff[r] = (min(b0 + r, geo.B - 1) - b_lo) * ts;
+    U acc[kRows][NG];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int g = 0; g < NG; ++g) acc[r][g] = U(0);
+    }
     U pf[kPrefetch];
     auto fetch = [&](int64_t k0, int kt) {
 #pragma unroll
@@ -140,35 +148,51 @@ __device__ void block_matmul(const Geo& geo, int ncb, const T* S, int64_t lds, i
       const int64_t k1 = k0 + geo.kt;
       if (k1 < K) fetch(k1, static_cast<int>(min64(geo.kt, K - k1)));
       if (active) {
-        const U* src = tile + (b - b_lo) * ts;
         for (int kk = part; kk < kt; kk += split) {
-          const U s = src[kk];
+          U wv[NG];
 #pragma unroll
-          for (int g = 0; g < NG; ++g) acc[g] += s * static_cast<U>(w.get(k0 + kk, g, j));
+          for (int g = 0; g < NG; ++g) wv[g] = static_cast<U>(w.get(k0 + kk, g, j));
+#pragma unroll
+          for (int r = 0; r < kRows; ++r) {
+            const U s = tile[roff[r] + kk];
+#pragma unroll
+            for (int g = 0; g < NG; ++g) acc[r][g] += s * wv[g];
+          }
         }
       }
     }
     if (split > 1) {
+      U* mine = red + (part * per_pass + slot) * kRows * NG;
       if (active) {
 #pragma unroll
-        for (int g = 0; g < NG; ++g) red[(part * per_pass + slot) * NG + g] = acc[g];
+        for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+          for (int g = 0; g < NG; ++g) mine[r * NG + g] = acc[r][g];
+        }
       }
       __syncthreads();
       if (active && part == 0) {
         for (int p = 1; p < split; ++p) {
+          const U* other = red + (p * per_pass + slot) * kRows * NG;
 #pragma unroll
-          for (int g = 0; g < NG; ++g) acc[g] += red[(p * per_pass + slot) * NG + g];
+          for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+            for (int g = 0; g < NG; ++g) acc[r][g] += other[r * NG + g];
+          }
         }
-        epi(b, j, acc);
       }
-      __syncthreads();  // `red` is reused by the next pass
-    } else if (active) {
-      epi(b, j, acc);
     }
+    if (active && part == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (b0 + r < geo.B) epi(b0 + r, j, acc[r]);
+      }
+    }
+    if (split > 1) __syncthreads();  // `red` is reused by the next pass
   }
 }
 
-// Shared memory: [red: kThreads * NG][tile: rows_cap * (kt + 1)] in U, then the weight slices in T.
+// Shared memory: [red: kThreads * kRows * NG][tile: rows_cap * (kt + 1)] in U, then the weight slices in T.
 template <typename T>
 struct Smem {
   at::opmath_type<T>* red;
@@ -182,7 +206,7 @@ __device__ Smem<T> carve(const Geo& geo, int ng_max) {
   extern __shared__ __align__(16) unsigned char smem_raw[];
   Smem<T> s;
   s.red = reinterpret_cast<U*>(smem_raw);
-  s.tile = s.red + kThreads * ng_max;
+  s.tile = s.red + kThreads * kRows * ng_max;
   s.w = reinterpret_cast<T*>(s.tile + geo.rows_cap * (geo.kt + 1));
   return s;
 }
@@ -194,16 +218,15 @@ template <typename T>
 struct LstmFwdParams {
   const T *pre, *w_h, *cs0, *h0, *wci, *wcf, *wco;
   T *i, *cs, *f, *o, *ci, *co, *h;
-  int64_t ldw;        // row stride of w_h
-  int qi, qci, qf, qo;  // gate column blocks (ICFO or IFCO)
+  int64_t ldw;  // row stride of w_h
   at::opmath_type<T> forget_bias, cell_clip;
-  bool peep;
+  bool peep, ifco;
   int L;
   Geo geo;
 };
 
 template <typename T, bool kSmem>
-__global__ void __launch_bounds__(kThreads) lstm_forward_sequence_kernel(LstmFwdParams<T> p) {
+__global__ void __launch_bounds__(kThreads, 1) lstm_forward_sequence_kernel(LstmFwdParams<T> p) {
   using U = at::opmath_type<T>;
   cg::grid_group grid = cg::this_grid();
   const Geo& geo = p.geo;
@@ -219,9 +242,12 @@ __global__ void __launch_bounds__(kThreads) lstm_forward_sequence_kernel(LstmFwd
       const int64_t e = static_cast<int64_t>(b) * C + c, s = t * BC + e;
       const T* g = pre + static_cast<int64_t>(b) * 4 * C + c;
       const U csp = t == 0 ? static_cast<U>(p.cs0[e]) : ldl2(p.cs + s - BC);
+      // Column blocks i, ci, f, o: 0, 1, 2, 3 (ICFO) or 0, 2, 1, 3 (IFCO); constant acc indices keep acc in
+      // registers.
+      const U a_ci = p.ifco ? acc[2] : acc[1], a_f = p.ifco ? acc[1] : acc[2];
       const LstmForward<U> r = lstm_forward<U>(
-          static_cast<U>(g[p.qi * C]) + acc[p.qi], static_cast<U>(g[p.qci * C]) + acc[p.qci],
-          static_cast<U>(g[p.qf * C]) + acc[p.qf], static_cast<U>(g[p.qo * C]) + acc[p.qo], csp,
+          static_cast<U>(g[0]) + acc[0], static_cast<U>(g[p.ifco ? 2 * C : C]) + a_ci,
+          static_cast<U>(g[p.ifco ? C : 2 * C]) + a_f, static_cast<U>(g[3 * C]) + acc[3], csp,
           static_cast<U>(p.wci[c]), static_cast<U>(p.wcf[c]), static_cast<U>(p.wco[c]), p.forget_bias, p.cell_clip,
           p.peep);
       p.i[s] = static_cast<T>(r.i);
@@ -251,7 +277,7 @@ struct LstmBwdParams {
 // Step t: the cell backward of the owned cells (dh, dcs carries -> dgates_t, dcs), then
 // dh = dgates_t @ w_h^T for the owned cells (w_h's rows of them: the transposed slice).
 template <typename T, bool kSmem>
-__global__ void __launch_bounds__(kThreads) lstm_backward_sequence_kernel(LstmBwdParams<T> p) {
+__global__ void __launch_bounds__(kThreads, 1) lstm_backward_sequence_kernel(LstmBwdParams<T> p) {
   using U = at::opmath_type<T>;
   cg::grid_group grid = cg::this_grid();
   const Geo& geo = p.geo;
@@ -299,7 +325,7 @@ struct GruFwdParams {
 };
 
 template <typename T, bool kSmem>
-__global__ void __launch_bounds__(kThreads) gru_forward_sequence_kernel(GruFwdParams<T> p) {
+__global__ void __launch_bounds__(kThreads, 1) gru_forward_sequence_kernel(GruFwdParams<T> p) {
   using U = at::opmath_type<T>;
   cg::grid_group grid = cg::this_grid();
   const Geo& geo = p.geo;
@@ -345,7 +371,7 @@ struct GruBwdParams {
 // Step t: (a) d_c_bar, d_u_bar of the owned cells; (b) d_hr = d_c_bar @ w_c_h^T -> d_r_bar and the
 // part of dh_{t-1} not through w_ru; (c) dh_{t-1} += d_rbu @ w_ru_h^T.
 template <typename T, bool kSmem>
-__global__ void __launch_bounds__(kThreads) gru_backward_sequence_kernel(GruBwdParams<T> p) {
+__global__ void __launch_bounds__(kThreads, 1) gru_backward_sequence_kernel(GruBwdParams<T> p) {
   using U = at::opmath_type<T>;
   cg::grid_group grid = cg::this_grid();
   const Geo& geo = p.geo;
@@ -411,10 +437,13 @@ bool plan_launch(KS* k_smem, KG* k_glob, int64_t B, int64_t C, int ng_max, int64
   if (B * nc > INT_MAX / 8) return false;
   const int64_t grid = (C + nc - 1) / nc;
   const int64_t ncb_min = C - (grid - 1) * nc;
-  const int64_t rows_cap = std::min<int64_t>(B, (kThreads + ncb_min - 1) / ncb_min + 1);
-  const int64_t kt = std::max<int64_t>(8, std::min<int64_t>(128, kTileElems / rows_cap) / 8 * 8);
+  // Rows one pass stages: the groups of a pass span at most ceil(kThreads / ncb) + 1 row groups.
+  const int64_t rows_cap = std::min<int64_t>(B, ((kThreads + ncb_min - 1) / ncb_min + 1) * kRows);
+  // Tile columns: even (odd row stride), a multiple of 8 where the budget allows (k split evenly).
+  const int64_t fit = std::min<int64_t>(128, kTileElems / rows_cap);
+  const int64_t kt = fit >= 8 ? fit / 8 * 8 : std::max<int64_t>(2, fit / 2 * 2);
   TORCH_INTERNAL_ASSERT(rows_cap * kt <= kTileElems);
-  const size_t base = static_cast<size_t>(kThreads * ng_max + rows_cap * (kt + 1)) * sizeof(U);
+  const size_t base = static_cast<size_t>(kThreads * kRows * ng_max + rows_cap * (kt + 1)) * sizeof(U);
   out.geo = Geo{static_cast<int>(B), static_cast<int>(C), static_cast<int>(nc), static_cast<int>(kt),
                 static_cast<int>(rows_cap)};
   out.grid = static_cast<int>(grid);
@@ -480,12 +509,10 @@ bool lstm_forward_sequence_t(const LstmSeqForward& a) {
   if (!plan_launch<T>(lstm_forward_sequence_kernel<T, true>, lstm_forward_sequence_kernel<T, false>, B, C, 4,
                       4 * C, plan))
     return false;
-  const GateOffsets off = gate_offsets(a.ifco, C);
   LstmFwdParams<T> p{cp<T>(a.pre), cp<T>(a.w_h), cp<T>(a.cs_prev), cp<T>(a.h_prev), cp<T>(a.wci), cp<T>(a.wcf),
                      cp<T>(a.wco), mp<T>(a.i), mp<T>(a.cs), mp<T>(a.f), mp<T>(a.o), mp<T>(a.ci), mp<T>(a.co),
-                     mp<T>(a.h), a.w_h.stride(0), static_cast<int>(off.i / C), static_cast<int>(off.ci / C),
-                     static_cast<int>(off.f / C), static_cast<int>(off.o / C), static_cast<U>(a.forget_bias),
-                     static_cast<U>(a.cell_clip), a.use_peephole, static_cast<int>(a.L), plan.geo};
+                     mp<T>(a.h), a.w_h.stride(0), static_cast<U>(a.forget_bias), static_cast<U>(a.cell_clip),
+                     a.use_peephole, a.ifco, static_cast<int>(a.L), plan.geo};
   return launch(plan.in_smem ? reinterpret_cast<const void*>(lstm_forward_sequence_kernel<T, true>)
                              : reinterpret_cast<const void*>(lstm_forward_sequence_kernel<T, false>),
                 plan, p);
