@@ -3,6 +3,8 @@
 // time steps are one GEMM (x rows of the weight), each step adds the recurrent GEMM (h rows of the
 // weight) in place and runs one fused elementwise kernel per gate step. The weight/input gradients
 // of a sequence are GEMMs over all steps at once after the time loop. Cells are sequences of length 1.
+// On CUDA the sequence ops first try the backend's whole-sequence recurrence (Kernels::*_sequence), which
+// replaces the time loop only.
 // Outputs and workspaces are allocated once per call; the loops write into slices.
 #include "block_rnn/block_rnn.h"
 #include "common/arg_checks.h"
@@ -294,12 +296,14 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
     zero_bc = at::zeros({B, C}, opts);
   at::Tensor dh_carry = at::zeros({B, C}, opts);
   at::Tensor hr_all = weight_grads ? at::empty({L, B, C}, opts) : at::Tensor();
-  // A single step's backward runs unsplit: its transposed-weight GEMMs would re-pack the whole weight in
-  // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
+  // The whole recurrence in one launch where the backend has it (else the loop below).
   const bool whole = x3.is_cuda() && seq_op && k.gru_backward_sequence && persistent_enabled() &&
                      k.gru_backward_sequence(GruSeqBackward{wru_h, wc_h, h_prev, r, u, c, h, h_grad, g_r, g_u, g_c,
                                                             L, d_c_bar, d_rbu, hr_all, dh_carry});
-  const auto rec_c_s = shared_step_gemm(wc_h, true, whole ? 0 : L), rec_ru_s = shared_step_gemm(wru_h, true, whole ? 0 : L);
+  const int64_t loop_steps = whole ? 0 : L;
+  // A single step's backward runs unsplit: its transposed-weight GEMMs would re-pack the whole weight in
+  // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
+  const auto rec_c_s = shared_step_gemm(wc_h, true, loop_steps), rec_ru_s = shared_step_gemm(wru_h, true, loop_steps);
   if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -626,12 +630,12 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   const bool own = input_grads && StepGemm::own_kernel(w) && L * B > 1 && I > 0;
   std::optional<StepGemm> x_gemm;
   if (own) x_gemm.emplace(w_x, /*trans=*/true, B, 2);
-  // As GRU's: a single step runs unsplit.
   const bool whole = x3.is_cuda() && seq_op && input_grads && k.lstm_backward_sequence && persistent_enabled() &&
                      k.lstm_backward_sequence(LstmSeqBackward{w_h, cs_prev, wci, wcf, wco, fw.i, fw.cs, fw.f, fw.o,
                                                               fw.ci, fw.co, h_grad, cs_grad, g_i, g_f, g_o, g_ci,
                                                               g_co, use_peephole, ifco, L, dgates, dh_carry,
                                                               out.cs_prev_grad});
+  // As GRU's: a single step runs unsplit.
   const auto rec_s = shared_step_gemm(w_h, true, input_grads && !whole ? L : 0);
   if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;

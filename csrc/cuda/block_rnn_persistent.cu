@@ -307,7 +307,9 @@ __global__ void __launch_bounds__(kThreads, 1) lstm_backward_sequence_kernel(Lst
     }
     grid.sync();  // dgates_t of every cell
     block_matmul<1>(geo, ncb, p.dgates + t * BC * 4, 4 * C, 4 * C, w, sm.tile, sm.red,
-                    [&](int b, int j, const U* acc) { p.dh[static_cast<int64_t>(b) * C + c0 + j] = static_cast<T>(acc[0]); });
+                    [&](int b, int j, const U* acc) {
+                      p.dh[static_cast<int64_t>(b) * C + c0 + j] = static_cast<T>(acc[0]);
+                    });
     // No grid barrier: step t - 1 reads only its own cells' dh before the next one.
   }
 }
