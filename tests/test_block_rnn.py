@@ -1217,6 +1217,20 @@ def test_cuda_persistent_sequences_match_loop_and_cpu(op, T, L, B, I, C, peephol
             assert torch.count_nonzero(w[L:]) == 0
 
 
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("op", ["block_lstm", "block_lstm_v2", "block_gru"])
+def test_cuda_persistent_float64_matches_cpu(op, monkeypatch):
+    # float64 runs the whole-sequence kernels too: equal to the CPU's float64 to rounding.
+    case = (op, 9, 8, 5, 6, 37, True, 0.5)
+    ref = _sequence_results(*case, "cpu", F64)
+    monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", "1")
+    got = _sequence_results(*case, "cuda", F64)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        close(g, r, rtol=1e-9, atol=1e-9 * max(1.0, r.abs().max().item()))
+
+
 def _cuda_kernels_run(fn):
     from torch.profiler import ProfilerActivity, profile
 
