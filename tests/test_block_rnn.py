@@ -2,6 +2,7 @@ import torchops  # noqa: F401  (loads the ops)
 
 import math
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -1151,6 +1152,126 @@ def test_cuda_parity_lstm(dtype, use_peephole):
                                   og[1].detach(), og[6].detach(), use_peephole)
     for a, b in zip(rc, rg):
         close(a.float(), b.float().cpu(), rtol=10 * tol, atol=10 * tol)
+
+
+# CUDA whole-sequence recurrences: the persistent kernels (TORCHOPS_BLOCK_RNN_PERSISTENT unset or 1) and
+# the per-step loop (0) against the float64 CPU ops, every output and every gradient.
+PERSISTENT_CASES = [  # T, L (seq_len_max), B, I, C, use_peephole, cell_clip
+    (50, 50, 32, 128, 256, True, 0.5),  # the benchmark shapes
+    (100, 100, 64, 512, 512, True, 0.5),
+    (7, 7, 3, 5, 13, True, 0.5),  # C a multiple of no tile size
+    (7, 7, 3, 5, 13, False, -1.0),
+    (7, 4, 3, 5, 13, True, 0.5),  # seq_len_max < T: steps >= L zero
+    (1, 1, 1, 1, 1, True, 0.5),
+    (5, 5, 4, 8, 1024, True, 0.5),
+    (3, 3, 2, 4, 2048, True, 0.5),  # weight slices too large for shared memory: read through L2
+]
+
+
+def _sequence_results(op, T, L, B, I, C, peephole, clip, device, dtype, seed=120):
+    """Outputs, autograd gradients (random weights on every output) and the raw grad op's results of one
+    sequence op on `device` in `dtype`, from float64 inputs of a 1/sqrt(fan-in) scale; as float64 CPU tensors."""
+    scale = (21 / (I + C)) ** 0.5
+    make = gru_inputs if op == "block_gru" else lstm_inputs
+    args = [a.to(device=device, dtype=dtype).requires_grad_() for a in make(B=B, I=I, C=C, T=T, seed=seed,
+                                                                              scale=scale)]
+    s = sl(L)
+    if op == "block_gru":
+        out = ops.block_gru(s, *args)
+    elif op == "block_lstm":
+        out = ops.block_lstm(s, *args, 0.3, clip, peephole)
+    else:
+        out = ops.block_lstm_v2(s, *args, clip, peephole)
+    g = torch.Generator().manual_seed(seed + 1)
+    ups = [torch.rand(o.shape, dtype=F64, generator=g).to(device=device, dtype=dtype) for o in out]
+    grads = torch.autograd.grad(sum((o * u).sum() for o, u in zip(out, ups)), args)
+    det, outd = [a.detach() for a in args], [o.detach() for o in out]
+    if op == "block_gru":
+        raw = ops.block_gru_grad(s, *det, *outd, ups[3])
+    else:
+        grad_op = ops.block_lstm_grad if op == "block_lstm" else ops.block_lstm_grad_v2
+        raw = grad_op(s, *det, *outd, ups[1], ups[6], peephole)
+    return [t.detach().double().cpu() for t in (*out, *grads, *raw)]
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("op", ["block_lstm", "block_lstm_v2", "block_gru"])
+@pytest.mark.parametrize("T,L,B,I,C,peephole,clip", PERSISTENT_CASES)
+def test_cuda_persistent_sequences_match_loop_and_cpu(op, T, L, B, I, C, peephole, clip, monkeypatch):
+    case = (op, T, L, B, I, C, peephole, clip)
+    ref = _sequence_results(*case, "cpu", F64)
+    monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", "1")
+    whole = _sequence_results(*case, "cuda", torch.float32)
+    monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", "0")
+    loop = _sequence_results(*case, "cuda", torch.float32)
+    assert len(whole) == len(loop) == len(ref) == (4 + 6 + 6 if op == "block_gru" else 7 + 8 + 8)
+    for k, (w, lp, r) in enumerate(zip(whole, loop, ref)):
+        # float32 rounding grows with the values' size (sums over C, T and B terms): bounds relative to the
+        # largest reference value.
+        bound = 1e-4 * max(1.0, r.abs().max().item())
+        for got in (w, lp):
+            close(got, r, rtol=1e-4, atol=bound)
+        close(w, lp, rtol=1e-4, atol=bound)
+        if L < T and k < (4 if op == "block_gru" else 7):
+            assert torch.count_nonzero(w[L:]) == 0
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("op", ["block_lstm", "block_lstm_v2", "block_gru"])
+def test_cuda_persistent_float64_matches_cpu(op, monkeypatch):
+    # float64 runs the whole-sequence kernels too: equal to the CPU's float64 to rounding.
+    case = (op, 9, 8, 5, 6, 37, True, 0.5)
+    ref = _sequence_results(*case, "cpu", F64)
+    monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", "1")
+    got = _sequence_results(*case, "cuda", F64)
+    assert len(got) == len(ref)
+    for g, r in zip(got, ref):
+        close(g, r, rtol=1e-9, atol=1e-9 * max(1.0, r.abs().max().item()))
+
+
+def _cuda_kernels_run(fn):
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events()]
+    assert any("kernel" in n for n in names), f"the profiler recorded no CUDA kernels: {names[:20]}"
+    return names
+
+
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("op", ["block_lstm", "block_lstm_v2", "block_gru"])
+def test_cuda_persistent_switch_selects_the_kernels(op, monkeypatch):
+    # Which path ran, from the kernels launched: TORCHOPS_BLOCK_RNN_PERSISTENT=1 runs the whole-sequence
+    # kernels (weights in shared memory at C = 13, read through L2 at C = 2048) and no per-step kernel; 0
+    # runs the per-step kernels only; float16 (unsupported) falls back to the loop.
+    fam = "gru" if op == "block_gru" else "lstm"
+    step_kernels = ("gru_gates_kernel", "gru_backward_a_kernel") if fam == "gru" else (
+        "lstm_forward_kernel", "lstm_backward_kernel")
+
+    def run(flag, C, dtype=torch.float32):
+        monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", flag)
+        return _cuda_kernels_run(lambda: _sequence_results(op, 4, 4, 3, 5, C, True, 0.5, "cuda", dtype))
+
+    def ran(names, kernel, smem=None):
+        tail = "" if smem is None else (r"<float, (true|\(bool\)1)>" if smem else r"<float, (false|\(bool\)0)>")
+        return any(re.search(kernel + tail, n) for n in names)
+
+    for C, smem in ((13, True), (2048, False)):
+        names = run("1", C)
+        for d in ("forward", "backward"):
+            assert ran(names, f"{fam}_{d}_sequence_kernel", smem), (C, d, [n for n in names if "kernel" in n])
+        assert not any(ran(names, k) for k in step_kernels)
+    names = run("0", 13)
+    assert not ran(names, "sequence_kernel")
+    assert all(ran(names, k) for k in step_kernels)
+    names = run("1", 13, torch.float16)
+    assert not ran(names, "sequence_kernel")
+    assert all(ran(names, k) for k in step_kernels)
 
 
 def test_lstm_noncontiguous_inputs():

@@ -23,6 +23,43 @@ inline T* mptr(const at::Tensor& t) {
   return t.defined() ? t.mutable_data_ptr<T>() : nullptr;
 }
 
+// Arguments of the whole-sequence recurrences (Kernels::*_sequence). Every tensor is contiguous; the
+// [T,B,C] ones have T >= L, and only their steps [0, L) are read or written. B, C, L > 0.
+struct LstmSeqForward {
+  at::Tensor pre;                              // [L,B,4C]: x_t @ w[:I] + b of every step
+  at::Tensor w_h;                              // [C,4C]: the recurrent rows w[I:]
+  at::Tensor cs_prev, h_prev, wci, wcf, wco;   // [B,C], [B,C], [C] x 3
+  double forget_bias, cell_clip;
+  bool use_peephole, ifco;
+  int64_t L;
+  at::Tensor i, cs, f, o, ci, co, h;           // [T,B,C] outputs
+};
+struct LstmSeqBackward {
+  at::Tensor w_h, cs_prev, wci, wcf, wco;
+  at::Tensor i, cs, f, o, ci, co;              // [T,B,C] forward outputs
+  at::Tensor h_grad, cs_grad, g_i, g_f, g_o, g_ci, g_co;  // [T,B,C], each optional
+  bool use_peephole, ifco;
+  int64_t L;
+  at::Tensor dgates;                           // [L,B,4C] output (layout per ifco)
+  at::Tensor dh, dcs;                          // [B,C] carries: zeros on entry, h_prev's / cs_prev's gradient on return
+};
+struct GruSeqForward {
+  at::Tensor pre_ru, pre_c;                    // [L,B,2C], [L,B,C]: input projections plus biases
+  at::Tensor w_ru_h, w_c_h;                    // [C,2C], [C,C]: the recurrent rows of w_ru, w_c
+  at::Tensor h_prev;
+  int64_t L;
+  at::Tensor r, u, c, h;                       // [T,B,C] outputs
+};
+struct GruSeqBackward {
+  at::Tensor w_ru_h, w_c_h, h_prev;
+  at::Tensor r, u, c, h;                       // [T,B,C] forward outputs (h read for t >= 1 only)
+  at::Tensor h_grad, g_r, g_u, g_c;            // [T,B,C], each optional
+  int64_t L;
+  at::Tensor d_c_bar, d_rbu;                   // [L,B,C], [L,B,2C] outputs
+  at::Tensor hr;                               // [L,B,C] output h_{t-1} * r_t, optional
+  at::Tensor dh;                               // [B,C] carry: zeros on entry, h_prev's gradient on return
+};
+
 // Per-device fused elementwise kernels of one time step. Every tensor argument is a contiguous
 // [B, n] matrix of the storage dtype (n = C, 2C or 4C as noted); `optional` ones may be undefined
 // (= zeros). Rows are B = size(0) > 0 and C > 0 whenever they are called.
@@ -59,7 +96,20 @@ struct Kernels {
   // The device type these kernels run on: an op dispatched here (by any tensor argument, e.g. a CUDA
   // seq_len_max beside CPU data) checks that x is on it.
   c10::DeviceType device;
+  // Whole-sequence recurrences (one launch for all L steps), or nullptr. Each returns false, having
+  // written nothing, where it does not support the configuration (dtype, sizes, device limits); the
+  // caller then runs the per-step loop.
+  bool (*lstm_forward_sequence)(const LstmSeqForward& a);
+  bool (*lstm_backward_sequence)(const LstmSeqBackward& a);
+  bool (*gru_forward_sequence)(const GruSeqForward& a);
+  bool (*gru_backward_sequence)(const GruSeqBackward& a);
 };
+
+// The CUDA whole-sequence recurrences (csrc/cuda/block_rnn_persistent.cu; CUDA builds only).
+bool lstm_forward_sequence_cuda(const LstmSeqForward& a);
+bool lstm_backward_sequence_cuda(const LstmSeqBackward& a);
+bool gru_forward_sequence_cuda(const GruSeqForward& a);
+bool gru_backward_sequence_cuda(const GruSeqBackward& a);
 
 using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using T5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

@@ -3,6 +3,8 @@
 // time steps are one GEMM (x rows of the weight), each step adds the recurrent GEMM (h rows of the
 // weight) in place and runs one fused elementwise kernel per gate step. The weight/input gradients
 // of a sequence are GEMMs over all steps at once after the time loop. Cells are sequences of length 1.
+// On CUDA the sequence ops first try the backend's whole-sequence recurrence (Kernels::*_sequence), which
+// replaces the time loop only.
 // Outputs and workspaces are allocated once per call; the loops write into slices.
 #include "block_rnn/block_rnn.h"
 #include "common/arg_checks.h"
@@ -20,6 +22,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <cstddef>
 #include <limits>
 #include <optional>
@@ -101,6 +105,19 @@ void check_backend(const at::Tensor& x, const Kernels& k) {
 // A GEMM into a preallocated output (a view of a larger buffer).
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
 
+
+// Whether the sequence ops may run a backend's whole-sequence recurrence (Kernels::*_sequence):
+// TORCHOPS_BLOCK_RNN_PERSISTENT=0 selects the per-step loop. Read on every call.
+bool persistent_enabled() {
+  const char* v = std::getenv("TORCHOPS_BLOCK_RNN_PERSISTENT");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}
+
+// x_t @ w_x + bias for steps [0, L) as one GEMM: [L, B, N]. On CUDA one GEMM over all steps beats chunks.
+at::Tensor input_projection(const at::Tensor& x3, int64_t L, const at::Tensor& w_x, const at::Tensor& bias) {
+  const int64_t B = x3.size(1), I = x3.size(2);
+  return at::addmm(bias, x3.narrow(0, 0, L).reshape({L * B, I}), w_x).view({L, B, w_x.size(1)});
+}
 
 // Steps whose input projections are computed by one GEMM: enough rows (>= 256) for an efficient
 // GEMM, few enough that the projection buffer stays cache-sized instead of [T, B, nC].
@@ -203,21 +220,33 @@ Dims check_block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const a
 // outputs (steps >= L are zeroed by the caller). B, C > 0, L > 0.
 void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
                       const at::Tensor& b_ru, const at::Tensor& b_c, int64_t L, const at::Tensor& r,
-                      const at::Tensor& u, const at::Tensor& c, const at::Tensor& h, const Kernels& k) {
+                      const at::Tensor& u, const at::Tensor& c, const at::Tensor& h, bool seq_op,
+                      const Kernels& k) {
   const int64_t B = x3.size(1), I = x3.size(2), C = h_prev.size(1);
   const auto opts = x3.options();
   const at::Tensor wru_x = w_ru.narrow(0, 0, I), wru_h = w_ru.narrow(0, I, C);
   const at::Tensor wc_x = w_c.narrow(0, 0, I), wc_h = w_c.narrow(0, I, C);
-  const int64_t chunk0 = projection_chunk(L, B), chunks0 = (L + chunk0 - 1) / chunk0;
+  // On CUDA the projections of all steps are computed first (one GEMM each), for the whole-sequence
+  // kernel or else the loop.
+  at::Tensor pre_ru_all, pre_c_all;
+  if (x3.is_cuda()) {
+    pre_ru_all = input_projection(x3, L, wru_x, b_ru);
+    pre_c_all = input_projection(x3, L, wc_x, b_c);
+    if (seq_op && k.gru_forward_sequence && persistent_enabled() &&
+        k.gru_forward_sequence(GruSeqForward{pre_ru_all, pre_c_all, wru_h, wc_h, h_prev, L, r, u, c, h}))
+      return;
+  }
+  const bool pre_done = pre_ru_all.defined();
+  const int64_t chunk0 = pre_done ? L : projection_chunk(L, B), chunks0 = (L + chunk0 - 1) / chunk0;
   const auto rec_ru_s = shared_step_gemm(wru_h, false, L), rec_c_s = shared_step_gemm(wc_h, false, L);
   const auto prj_ru_s = shared_step_gemm(wru_x, false, chunks0), prj_c_s = shared_step_gemm(wc_x, false, chunks0);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     const at::Tensor xs = rows_of(x3, 1, b0, nb), hs = rows_of(h, 1, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
     const at::Tensor rs = rows_of(r, 1, b0, nb), us = rows_of(u, 1, b0, nb), cs = rows_of(c, 1, b0, nb);
-    const int64_t chunk = projection_chunk(L, nb);
-    at::Tensor pre_ru = at::empty({chunk, nb, 2 * C}, opts);
-    at::Tensor pre_c = at::empty({chunk, nb, C}, opts);
+    const int64_t chunk = pre_done ? L : projection_chunk(L, nb);
+    at::Tensor pre_ru = pre_done ? rows_of(pre_ru_all, 1, b0, nb) : at::empty({chunk, nb, 2 * C}, opts);
+    at::Tensor pre_c = pre_done ? rows_of(pre_c_all, 1, b0, nb) : at::empty({chunk, nb, C}, opts);
     at::Tensor hr = at::empty({nb, C}, opts);
     at::Tensor xbuf;
     const int64_t chunks = (L + chunk - 1) / chunk;
@@ -227,7 +256,7 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
     const StepGemm& prj_ru = slice_gemm(prj_ru_s, l_prj_ru, wru_x, false, chunk * nb, chunks);
     const StepGemm& prj_c = slice_gemm(prj_c_s, l_prj_c, wc_x, false, chunk * nb, chunks);
     for (int64_t t = 0; t < L; ++t) {
-      if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM each
+      if (t % chunk == 0 && !pre_done) {  // input projections of the next `chunk` steps, one GEMM each
         const int64_t n = std::min(chunk, L - t);
         const at::Tensor x2d = steps_2d(xs, t, n, xbuf);
         prj_ru.bias_addmm(pre_ru.narrow(0, 0, n).view({n * nb, 2 * C}), b_ru, x2d);
@@ -256,7 +285,7 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
                        const at::Tensor& w_c, const at::Tensor& r, const at::Tensor& u, const at::Tensor& c,
                        const at::Tensor& h, const at::Tensor& h_grad, const at::Tensor& g_r, const at::Tensor& g_u,
                        const at::Tensor& g_c, int64_t L, bool weight_grads, const at::Tensor& d_c_bar,
-                       const at::Tensor& d_rbu, GruGrads& out, const Kernels& k) {
+                       const at::Tensor& d_rbu, GruGrads& out, bool seq_op, const Kernels& k) {
   const int64_t B = x3.size(1), I = x3.size(2), C = h_prev.size(1);
   const auto opts = x3.options();
   const at::Tensor wru_x = w_ru.narrow(0, 0, I), wru_h = w_ru.narrow(0, I, C);
@@ -267,10 +296,15 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
     zero_bc = at::zeros({B, C}, opts);
   at::Tensor dh_carry = at::zeros({B, C}, opts);
   at::Tensor hr_all = weight_grads ? at::empty({L, B, C}, opts) : at::Tensor();
+  // The whole recurrence in one launch where the backend has it (else the loop below).
+  const bool whole = x3.is_cuda() && seq_op && k.gru_backward_sequence && persistent_enabled() &&
+                     k.gru_backward_sequence(GruSeqBackward{wru_h, wc_h, h_prev, r, u, c, h, h_grad, g_r, g_u, g_c,
+                                                            L, d_c_bar, d_rbu, hr_all, dh_carry});
+  const int64_t loop_steps = whole ? 0 : L;
   // A single step's backward runs unsplit: its transposed-weight GEMMs would re-pack the whole weight in
   // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
-  const auto rec_c_s = shared_step_gemm(wc_h, true, L), rec_ru_s = shared_step_gemm(wru_h, true, L);
-  for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
+  const auto rec_c_s = shared_step_gemm(wc_h, true, loop_steps), rec_ru_s = shared_step_gemm(wru_h, true, loop_steps);
+  if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
     const at::Tensor zero_s = rows_of(zero_bc, 0, b0, nb), h0 = rows_of(h_prev, 0, b0, nb), hs = s3(h);
@@ -505,24 +539,35 @@ struct LstmOuts {
 void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
-                       bool ifco, const LstmOuts& out, const Kernels& k) {
+                       bool ifco, const LstmOuts& out, bool seq_op, const Kernels& k) {
   const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
   const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
-  const int64_t chunk0 = projection_chunk(L, B);
+  // As GRU's: on CUDA all steps' projections first, for the whole-sequence kernel or else the loop.
+  at::Tensor pre_all;
+  if (x3.is_cuda()) {
+    pre_all = input_projection(x3, L, w_x, b);
+    if (seq_op && k.lstm_forward_sequence && persistent_enabled() &&
+        k.lstm_forward_sequence(LstmSeqForward{pre_all, w_h, cs_prev, h_prev, wci, wcf, wco, forget_bias, cell_clip,
+                                               use_peephole, ifco, L, out.i, out.cs, out.f, out.o, out.ci, out.co,
+                                               out.h}))
+      return;
+  }
+  const bool pre_done = pre_all.defined();
+  const int64_t chunk0 = pre_done ? L : projection_chunk(L, B);
   const auto rec_s = shared_step_gemm(w_h, false, L), prj_s = shared_step_gemm(w_x, false, (L + chunk0 - 1) / chunk0);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
     const LstmOuts o{s3(out.i), s3(out.cs), s3(out.f), s3(out.o), s3(out.ci), s3(out.co), s3(out.h)};
     const at::Tensor xs = s3(x3), cs0 = rows_of(cs_prev, 0, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
-    const int64_t chunk = projection_chunk(L, nb);
-    at::Tensor pre = at::empty({chunk, nb, 4 * C}, x3.options());
+    const int64_t chunk = pre_done ? L : projection_chunk(L, nb);
+    at::Tensor pre = pre_done ? rows_of(pre_all, 1, b0, nb) : at::empty({chunk, nb, 4 * C}, x3.options());
     at::Tensor xbuf;
     std::optional<StepGemm> l_rec, l_prj;
     const StepGemm& rec = slice_gemm(rec_s, l_rec, w_h, false, nb, L);
     const StepGemm& prj = slice_gemm(prj_s, l_prj, w_x, false, chunk * nb, (L + chunk - 1) / chunk);
     for (int64_t t = 0; t < L; ++t) {
-      if (t % chunk == 0) {  // input projections of the next `chunk` steps, one GEMM
+      if (t % chunk == 0 && !pre_done) {  // input projections of the next `chunk` steps, one GEMM
         const int64_t n = std::min(chunk, L - t);
         prj.bias_addmm(pre.narrow(0, 0, n).view({n * nb, 4 * C}), b, steps_2d(xs, t, n, xbuf));
       }
@@ -571,7 +616,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
                         const LstmOuts& fw, const at::Tensor& cs_grad, const at::Tensor& h_grad,
                         const at::Tensor& g_i, const at::Tensor& g_f, const at::Tensor& g_o, const at::Tensor& g_ci,
                         const at::Tensor& g_co, int64_t L, bool use_peephole, bool ifco, bool input_grads,
-                        const at::Tensor& dgates, LstmGrads& out, const Kernels& k) {
+                        const at::Tensor& dgates, LstmGrads& out, bool seq_op, const Kernels& k) {
   const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
   const auto opts = x3.options();
   const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
@@ -585,9 +630,14 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   const bool own = input_grads && StepGemm::own_kernel(w) && L * B > 1 && I > 0;
   std::optional<StepGemm> x_gemm;
   if (own) x_gemm.emplace(w_x, /*trans=*/true, B, 2);
+  const bool whole = x3.is_cuda() && seq_op && input_grads && k.lstm_backward_sequence && persistent_enabled() &&
+                     k.lstm_backward_sequence(LstmSeqBackward{w_h, cs_prev, wci, wcf, wco, fw.i, fw.cs, fw.f, fw.o,
+                                                              fw.ci, fw.co, h_grad, cs_grad, g_i, g_f, g_o, g_ci,
+                                                              g_co, use_peephole, ifco, L, dgates, dh_carry,
+                                                              out.cs_prev_grad});
   // As GRU's: a single step runs unsplit.
-  const auto rec_s = shared_step_gemm(w_h, true, input_grads ? L : 0);
-  for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
+  const auto rec_s = shared_step_gemm(w_h, true, input_grads && !whole ? L : 0);
+  if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
     const LstmOuts f{s3(fw.i), s3(fw.cs), s3(fw.f), s3(fw.o), s3(fw.ci), s3(fw.co), at::Tensor()};
@@ -692,7 +742,7 @@ T4 gru_block_cell(const at::Tensor& x, const at::Tensor& h_prev, const at::Tenso
   if (d.B > 0 && d.C > 0) {
     gru_forward_core(x.contiguous().unsqueeze(0), h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(),
                      b_ru.contiguous(), b_c.contiguous(), 1, r.unsqueeze(0), u.unsqueeze(0), c.unsqueeze(0),
-                     h.unsqueeze(0), k);
+                     h.unsqueeze(0), false, k);
   }
   return {r, u, c, h};
 }
@@ -713,7 +763,7 @@ T4 gru_block_cell_grad(const at::Tensor& x, const at::Tensor& h_prev, const at::
     gru_backward_core(x3, h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), r.contiguous().unsqueeze(0),
                       u.contiguous().unsqueeze(0), c.contiguous().unsqueeze(0), at::Tensor(),
                       d_h.contiguous().unsqueeze(0), at::Tensor(), at::Tensor(), at::Tensor(), 1, false,
-                      d_c_bar.unsqueeze(0), d_rbu.unsqueeze(0), g, k);
+                      d_c_bar.unsqueeze(0), d_rbu.unsqueeze(0), g, false, k);
   } else {
     g.x_grad.zero_();
   }
@@ -755,7 +805,7 @@ T6 gru_block_cell_backward(const at::Tensor& x, const at::Tensor& h_prev, const 
     };
     gru_backward_core(x3, h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), r.contiguous().unsqueeze(0),
                       u.contiguous().unsqueeze(0), c.contiguous().unsqueeze(0), at::Tensor(), u3(d_h), u3(d_r),
-                      u3(d_u), u3(d_c), 1, true, d_c_bar, d_rbu, g, k);
+                      u3(d_u), u3(d_c), 1, true, d_c_bar, d_rbu, g, false, k);
   } else {
     zero_gru_grads(g, 0);
   }
@@ -773,7 +823,7 @@ T4 block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tenso
   at::Tensor c = at::empty({T, d.B, d.C}, opts), h = at::empty({T, d.B, d.C}, opts);
   if (L > 0 && d.B > 0 && d.C > 0) {
     gru_forward_core(x.contiguous(), h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), b_ru.contiguous(),
-                     b_c.contiguous(), L, r, u, c, h, k);
+                     b_c.contiguous(), L, r, u, c, h, true, k);
   }
   for (auto* t : {&r, &u, &c, &h}) t->narrow(0, L, T - L).zero_();
   return {r, u, c, h};
@@ -804,7 +854,7 @@ T6 block_gru_grad(const at::Tensor& seq_len_max, const at::Tensor& x, const at::
     at::Tensor d_c_bar = at::empty({L, d.B, d.C}, opts), d_rbu = at::empty({L, d.B, 2 * d.C}, opts);
     gru_backward_core(x3, h_prev.contiguous(), w_ru.contiguous(), w_c.contiguous(), r.contiguous(), u.contiguous(),
                       c.contiguous(), h.contiguous(), h_grad.contiguous(), opt_contig(r_grad), opt_contig(u_grad),
-                      opt_contig(c_grad), L, true, d_c_bar, d_rbu, g, k);
+                      opt_contig(c_grad), L, true, d_c_bar, d_rbu, g, true, k);
     zero_gru_grads(g, L);
   } else {
     zero_gru_grads(g, 0);
@@ -824,7 +874,7 @@ T7 lstm_block_cell(const at::Tensor& x, const at::Tensor& cs_prev, const at::Ten
   LstmOuts o = alloc_lstm_outs(1, d.B, d.C, x.options());
   lstm_forward_core(x.contiguous().unsqueeze(0), cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(),
                     wci.contiguous(), wcf.contiguous(), wco.contiguous(), b.contiguous(), 1, forget_bias, cell_clip,
-                    use_peephole, /*ifco=*/false, o, k);
+                    use_peephole, /*ifco=*/false, o, false, k);
   return {o.i.squeeze(0), o.cs.squeeze(0), o.f.squeeze(0), o.o.squeeze(0), o.ci.squeeze(0), o.co.squeeze(0),
           o.h.squeeze(0)};
 }
@@ -863,7 +913,7 @@ T5 lstm_block_cell_grad(const at::Tensor& x, const at::Tensor& cs_prev, const at
   lstm_backward_core(x3, cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
                      wcf.contiguous(), wco.contiguous(), fw, u3(cs_grad), u3(h_grad), at::Tensor(), at::Tensor(),
                      at::Tensor(), at::Tensor(), at::Tensor(), 1, use_peephole, false, /*input_grads=*/false,
-                     dicfo.unsqueeze(0), g, k);
+                     dicfo.unsqueeze(0), g, false, k);
   return {g.cs_prev_grad, dicfo, g.wci_grad, g.wcf_grad, g.wco_grad};
 }
 
@@ -886,7 +936,7 @@ T8 lstm_block_cell_backward(const at::Tensor& x, const at::Tensor& cs_prev, cons
   lstm_backward_core(x3, cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
                      wcf.contiguous(), wco.contiguous(), fw, u3(cs_grad), u3(h_grad), u3(i_grad), u3(f_grad),
                      u3(o_grad), u3(ci_grad), u3(co_grad), 1, use_peephole, false, /*input_grads=*/true, dicfo, g,
-                     k);
+                     false, k);
   return {g.x_grad.squeeze(0), g.cs_prev_grad, g.h_prev_grad, g.w_grad, g.wci_grad, g.wcf_grad, g.wco_grad,
           g.b_grad};
 }
@@ -903,7 +953,7 @@ T7 block_lstm(const at::Tensor& seq_len_max, const at::Tensor& x, const at::Tens
   if (L > 0 && d.B > 0 && d.C > 0) {
     lstm_forward_core(x.contiguous(), cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
                       wcf.contiguous(), wco.contiguous(), b.contiguous(), L, forget_bias, cell_clip, use_peephole,
-                      ifco, o, k);
+                      ifco, o, true, k);
   }
   for (auto* t : {&o.i, &o.cs, &o.f, &o.o, &o.ci, &o.co, &o.h}) t->narrow(0, L, d.T - L).zero_();
   return {o.i, o.cs, o.f, o.o, o.ci, o.co, o.h};
@@ -935,7 +985,7 @@ T8 block_lstm_backward(const at::Tensor& seq_len_max, const at::Tensor& x, const
     lstm_backward_core(x3, cs_prev.contiguous(), h_prev.contiguous(), w.contiguous(), wci.contiguous(),
                        wcf.contiguous(), wco.contiguous(), fw, opt_contig(cs_grad), opt_contig(h_grad),
                        opt_contig(i_grad), opt_contig(f_grad), opt_contig(o_grad), opt_contig(ci_grad),
-                       opt_contig(co_grad), L, use_peephole, ifco, /*input_grads=*/true, dgates, g, k);
+                       opt_contig(co_grad), L, use_peephole, ifco, /*input_grads=*/true, dgates, g, true, k);
   }
   g.x_grad.narrow(0, L, d.T - L).zero_();
   if (L == 0 || d.B == 0 || d.C == 0) g.x_grad.zero_();

@@ -213,7 +213,8 @@ void lstm_backward_cpu(const at::Tensor& i, const at::Tensor& cs, const at::Tens
 #undef TORCHOPS_LSTM_BWD_ROW
 
 const Kernels kCpuKernels{gru_gates_cpu, gru_output_cpu, gru_backward_a_cpu, gru_backward_b_cpu,
-                          lstm_forward_cpu, lstm_backward_cpu, c10::DeviceType::CPU};
+                          lstm_forward_cpu, lstm_backward_cpu, c10::DeviceType::CPU,
+                          nullptr, nullptr, nullptr, nullptr};
 
 }  // namespace
 }  // namespace brnn

@@ -1,6 +1,7 @@
 // CUDA kernels of the GRU / LSTM block ops: the fused per-step elementwise kernels (the GEMMs, through
-// ATen -> cuBLAS, and the time loop are in csrc/block_rnn/ops.cpp). One thread per (batch row, cell)
-// element, grid-stride loops with int64 indices, the scalar math of common/block_rnn_math.h.
+// ATen -> cuBLAS, and the time loop are in csrc/block_rnn/ops.cpp; the sequence ops first try the
+// whole-sequence kernels of block_rnn_persistent.cu). One thread per (batch row, cell) element, grid-stride
+// loops with int64 indices, the scalar math of common/block_rnn_math.h.
 #include "block_rnn/block_rnn.h"
 #include "common/block_rnn_math.h"
 #include "cuda/grid_loop.cuh"
@@ -237,7 +238,9 @@ void lstm_backward_cuda(const at::Tensor& i, const at::Tensor& cs, const at::Ten
 }  // namespace
 
 const Kernels kCudaKernels{gru_gates_cuda, gru_output_cuda, gru_backward_a_cuda, gru_backward_b_cuda,
-                           lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA};
+                           lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA,
+                           lstm_forward_sequence_cuda, lstm_backward_sequence_cuda, gru_forward_sequence_cuda,
+                           gru_backward_sequence_cuda};
 
 }  // namespace brnn
 }  // namespace torchops
