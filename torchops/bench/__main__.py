@@ -122,9 +122,10 @@ def _set_tf32(on: bool) -> None:
 REPEATED = {"ratio": "ratio", "ratio_med": "ratio_med", "torchops/clone": "torchops/clone",
             "aten_mul/clone": "aten_mul/clone", "clone_again/clone": "clone_again/clone",
             "ops_clone/clone": "ops_clone/clone", "speedup": "speedup", "of_ceiling": "of_ceiling",
-            "of_compute_now": "of_compute_now"}
+            "of_compute_now": "of_compute_now", "of_batcher_ceiling": "of_batcher_ceiling",
+            "batcher_us_per_req": "batcher_us_per_req", "cpu_us_per_req": "cpu_us_per_req"}
 # Values where more is better (throughput ratios): their worst run is the smallest.
-HIGHER_IS_BETTER = {"speedup", "of_ceiling", "of_compute_now"}
+HIGHER_IS_BETTER = {"speedup", "of_ceiling", "of_compute_now", "of_batcher_ceiling"}
 
 
 def _command(args) -> str:
