@@ -7,10 +7,10 @@
 #
 # STAGES picks what runs, in this order (default: all of them, each only while TIME_BUDGET allows):
 #   build tests bench_bn bench_rnn bench_brnn bench_batching full
-# On a warm machine the in-place build survives between calls, so one session can split the work, e.g.
-#   STAGES="build tests bench_bn bench_rnn" bash scripts/gpu_check.sh   then
-#   STAGES="bench_brnn bench_batching" bash scripts/gpu_check.sh
-# (a stage list without `build` needs a CUDA build already in place).
+# On a warm machine the in-place build survives between calls, so one session can split the work over
+# calls of the device tool (each at most 10 minutes), e.g.
+#   STAGES="build tests"  then  STAGES="bench_bn bench_rnn"  then  STAGES="bench_brnn bench_batching"
+# (a stage list without `build` needs a CUDA build already in place). No stage runs past the budget.
 #
 # Python: the machine's plain `python3` already holds torch, pytest, pytest-xdist and numpy and nothing can be
 # installed there, so it is used directly (no virtual environment). The build is in place, as in development.
@@ -67,8 +67,9 @@ for shape, fmt in [((32, 64, 56, 56), torch.contiguous_format), ((32, 64, 56, 56
 PYEOF
 
 # Every test marked `cuda` (the device-parametrized tests run their CUDA cases in the full suite below).
-want tests && stage "pytest -m cuda" 150 "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra -p no:cacheprovider \
-  -n 8 --dist loadfile tests
+cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # a stage limit within the budget
+want tests && [ "$(left)" -ge 30 ] && stage "pytest -m cuda" "$(cap 150)" "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra \
+  -p no:cacheprovider -n 8 --dist loadfile tests
 
 BENCH_ARGS=(--device cuda)
 [ "${BENCH_QUICK:-0}" = 1 ] && BENCH_ARGS+=(--quick)
@@ -76,12 +77,13 @@ bench() {  # bench NAME FAMILY LIMIT_S ARGS...: one benchmark family, skipped wh
   local name=$1 family=$2 limit=$3; shift 3
   want "$name" || return 0
   if [ "$(left)" -lt 60 ]; then note "$name: skipped, $(left)s of the ${BUDGET}s budget left"; return 0; fi
-  stage "$name" "$limit" "$OUTDIR/$name.log" "$PY" -m torchops.bench --filter "$family" --json "$OUTDIR/$name.json" "$@"
+  stage "$name" "$(cap "$limit")" "$OUTDIR/$name.log" "$PY" -m torchops.bench --filter "$family" \
+    --json "$OUTDIR/$name.json" "$@"
 }
 # BatchNorm: FP32 only (no matmul or convolution, so TF32 does not apply), five rounds per case.
 bench bench_bn bn 120 "${BENCH_ARGS[@]}" --precision fp32
-# CudnnRNN ops and modules (cudnn: both families), and the block RNN ops (rnn): FP32 and TF32, both sides under the same setting; one round
-# per case to fit.
+# CudnnRNN ops and modules (filter cudnn: both families) and the block RNN ops (rnn): FP32 and TF32, both
+# sides under the same setting; one round per case to fit.
 bench bench_rnn cudnn 150 --device cuda --quick --precision both
 bench bench_brnn rnn 90 --device cuda --quick --precision both
 # Batching: Python threads and C++ client threads (a libtorch driver, compiled on first use), FP32.
