@@ -66,9 +66,10 @@ for shape, fmt in [((32, 64, 56, 56), torch.contiguous_format), ((32, 64, 56, 56
     print("cudnn batch norm reserve bytes", shape, fmt, torch._C._get_cudnn_batch_norm_reserve_space_size(x, True))
 PYEOF
 
-# Every test marked `cuda` (the device-parametrized tests run their CUDA cases in the full suite below).
+# Every CUDA test: marked `cuda`, named test_cuda_*, or a device-parametrized case on "cuda" (tests/conftest.py
+# marks them all).
 cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # a stage limit within the budget
-want tests && [ "$(left)" -ge 30 ] && stage "pytest -m cuda" "$(cap 150)" "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra \
+want tests && [ "$(left)" -ge 30 ] && stage "pytest -m cuda" "$(cap 240)" "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra \
   -p no:cacheprovider -n 8 --dist loadfile tests
 
 BENCH_ARGS=(--device cuda)

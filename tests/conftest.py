@@ -10,11 +10,22 @@ CUDA = torch.cuda.is_available()
 DEVICES = ["cpu"] + (["cuda"] if CUDA else [])
 
 
+def _runs_on_cuda(item) -> bool:
+    """Named test_cuda_*, or a case parametrized with device "cuda" (those exist only with a GPU, see DEVICES)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return item.name.startswith("test_cuda") or any(
+        (isinstance(v, str) and v == "cuda") or (isinstance(v, torch.device) and v.type == "cuda")
+        for v in params.values())
+
+
+@pytest.hookimpl(tryfirst=True)  # (before `-m` deselects by marker)
 def pytest_collection_modifyitems(config, items):
-    # Tests parametrized with device "cuda" only exist when a GPU is present (see DEVICES); tests
-    # marked `cuda` need one explicitly.
+    # Every CUDA test carries the `cuda` marker, so that `pytest -m cuda` selects them all; tests marked
+    # `cuda` need a GPU.
     skip = pytest.mark.skip(reason="needs a CUDA device")
     for item in items:
+        if _runs_on_cuda(item):
+            item.add_marker(pytest.mark.cuda)
         if "cuda" in item.keywords and not CUDA:
             item.add_marker(skip)
 

@@ -1290,6 +1290,7 @@ def test_cuda_calls_on_their_own_streams_see_each_others_data():
         assert torch.equal(r, torch.full((1, 4096), 2.0 * v + 1))
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_forward_works_and_autograd_is_rejected():
     name = uniq()
