@@ -139,15 +139,23 @@ void check_int32_size(int64_t v, const char* name) {
   TORCH_CHECK_VALUE(v <= std::numeric_limits<int32_t>::max(), name, " must be <= 2147483647 (int32), got ", v);
 }
 
-// Configuration of the size/converter ops from their int inputs and attrs (torchops' own checks).
-Cfg model_cfg(int64_t num_layers, int64_t num_units, int64_t input_size, Str rnn_mode, Str input_mode, Str direction,
-              double dropout, int64_t num_proj) {
+// The attributes every op checks first, in TF's order: mode (and its gate count), input mode (into `im`),
+// direction, dropout.
+Cfg attr_cfg(Str rnn_mode, Str input_mode, Str direction, double dropout, int& im) {
   Cfg c;
   c.mode = parse_mode(rnn_mode);
   c.G = gates_of(c.mode);
-  const int im = parse_input_mode(input_mode);
+  im = parse_input_mode(input_mode);
   c.D = parse_direction(direction);
   check_dropout(dropout);
+  return c;
+}
+
+// Configuration of the size/converter ops from their int inputs and attrs (torchops' own checks).
+Cfg model_cfg(int64_t num_layers, int64_t num_units, int64_t input_size, Str rnn_mode, Str input_mode, Str direction,
+              double dropout, int64_t num_proj) {
+  int im = 0;
+  Cfg c = attr_cfg(rnn_mode, input_mode, direction, dropout, im);
   TORCH_CHECK(num_layers >= 1, "num_layers must be >= 1, got ", num_layers);
   TORCH_CHECK(num_units >= 1, "num_units must be >= 1, got ", num_units);
   TORCH_CHECK(input_size >= 1, "input_size must be >= 1, got ", input_size);
@@ -187,12 +195,8 @@ void check_like(const Tensor& x, const Tensor& t, const char* name) {
 Cfg check_forward(const Tensor& input, const Tensor& input_h, const Tensor& input_c, const Tensor& params,
                   const Tensor& lens, bool has_lens, Str rnn_mode, Str input_mode, Str direction, double dropout,
                   int64_t num_proj, bool tm, const Kernels& k) {
-  Cfg c;
-  c.mode = parse_mode(rnn_mode);
-  c.G = gates_of(c.mode);
-  const int im = parse_input_mode(input_mode);
-  c.D = parse_direction(direction);
-  check_dropout(dropout);
+  int im = 0;
+  Cfg c = attr_cfg(rnn_mode, input_mode, direction, dropout, im);
   check_defined(input, "input");
   check_defined(input_h, "input_h");
   check_defined(input_c, "input_c");
