@@ -47,3 +47,19 @@ def test_host_io_moves_rows_to_the_device_and_back():
     x = torch.randn(3, 1, 8, 8)
     torch.testing.assert_close(m(x), x.flatten(1).sum(1, keepdim=True))
     assert m(x).device.type == "cpu"
+
+
+@pytest.mark.parametrize("spin", [False, True])
+def test_handoff_with_model_time_is_bounded_by_the_model(driver, spin):
+    # 4 clients, batches of 2, 2 ms of the holder's own CPU time per batch: at most min(cores, 4 // 2) batches
+    # compute at once, so at most 2 * 2 / 2 ms = 2000 requests/s whatever the scheduler does.
+    rps, cpus = bench_batching._handoff(driver, 4, 2, 0.3, work_us=2000, spin=spin)
+    free, _ = bench_batching._handoff(driver, 4, 2, 0.3)
+    assert 0 < rps <= 2000 * 1.05
+    assert free > 2 * rps  # without the model's time the same batcher is far faster
+    assert cpus > 0
+
+
+def test_pipeline_ceiling_is_the_better_waiting_mode(driver):
+    rps = bench_batching._pipeline_ceiling(driver, 4, 2, 0.3, 2000)
+    assert 0 < rps <= 2000 * 1.05

@@ -123,9 +123,11 @@ REPEATED = {"ratio": "ratio", "ratio_med": "ratio_med", "torchops/clone": "torch
             "aten_mul/clone": "aten_mul/clone", "clone_again/clone": "clone_again/clone",
             "ops_clone/clone": "ops_clone/clone", "speedup": "speedup", "of_ceiling": "of_ceiling",
             "of_compute_now": "of_compute_now", "of_batcher_ceiling": "of_batcher_ceiling",
+            "of_pipeline_ceiling": "of_pipeline_ceiling", "pipeline_speedup": "pipeline_speedup",
             "batcher_us_per_req": "batcher_us_per_req", "cpu_us_per_req": "cpu_us_per_req"}
 # Values where more is better (throughput ratios): their worst run is the smallest.
-HIGHER_IS_BETTER = {"speedup", "of_ceiling", "of_compute_now", "of_batcher_ceiling"}
+HIGHER_IS_BETTER = {"speedup", "of_ceiling", "of_compute_now", "of_batcher_ceiling", "of_pipeline_ceiling",
+                    "pipeline_speedup"}
 
 
 def _command(args) -> str:

@@ -16,7 +16,9 @@ no tensors, measured by the C++ driver's `--handoff` mode), against the measured
 ceiling's `model_us_per_row` + `handoff_us_per_req`, `batcher_us_per_req` (nn.Batched's own CPU time per request,
 measured around a module that returns its input: hand-off plus op calls) and the cores the batched side leaves
 idle (cores - `batched_cpus`); `batcher_ceiling` is the ceiling with the batcher's measured cost in place of the
-floor's.
+floor's. `pipeline_ceiling` runs the minimal batcher with the model's time per batch computed by each batch's last
+arrival (the better of sleeping and yield-spinning waiters): what the scheduler lets any batcher of nn.Batched's
+structure reach on this machine, where woken callers queue behind a computing thread while another core idles.
 
 On a GPU (`--device cuda`) the Python threads call the modules with device tensors (eager and script), and a
 last table has C++ client threads send host requests to the MLP and to the demo's model, each wrapped so that
@@ -165,14 +167,30 @@ class _CppModel:
         return tuple(float(v) for v in lines[0].split())
 
 
-def _handoff_us(exe, clients, max_batch, seconds):
-    """CPU microseconds per request of the driver's minimal batcher (no tensors): the hand-off floor."""
-    p = subprocess.run([exe, "--handoff", str(clients), str(max_batch), str(seconds)], capture_output=True, text=True,
-                       timeout=120)
+def _handoff(exe, clients, max_batch, seconds, work_us=0.0, spin=False):
+    """The driver's minimal batcher (no tensors): (requests/s, busy cores). With work_us, the last arrival of each
+    batch computes that long before it releases the others (the model's time per batch)."""
+    cmd = [exe, "--handoff", str(clients), str(max_batch), str(seconds)]
+    if work_us > 0 or spin:
+        cmd += [f"{work_us:.3f}"] + (["spin"] if spin else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     if p.returncode != 0:
         raise RuntimeError(f"batching bench driver (--handoff) failed: {p.stdout}{p.stderr}")
     rps, _, _, cpus = (float(v) for v in p.stdout.split())
+    return rps, cpus
+
+
+def _handoff_us(exe, clients, max_batch, seconds):
+    """CPU microseconds per request of the driver's minimal batcher with no model: the hand-off floor."""
+    rps, cpus = _handoff(exe, clients, max_batch, seconds)
     return cpus / rps * 1e6
+
+
+def _pipeline_ceiling(exe, clients, max_batch, seconds, batch_us):
+    """Requests/s of the driver's minimal batcher with the model's time per batch in the loop, the better of
+    sleeping and yield-spinning waiters: how much of the cores a batcher of this structure (callers wait, the
+    batch's last arrival runs the model) can keep busy on this machine's scheduler, with no torch at all."""
+    return max(_handoff(exe, clients, max_batch, seconds, batch_us, spin)[0] for spin in (False, True))
 
 
 class _Identity(torch.nn.Module):
@@ -210,6 +228,7 @@ def _ceilings(mlp, exe, rows, seconds, tmpdir):
                             and r["max_batch"] == max_batch), key=lambda r: r["batched_req/s"])["nbt"]
             batcher = _batcher_us(exe, clients, max_batch, best_nbt, seconds, tmpdir)
             with_batcher = min(compute, cores / (row_us + batcher) * 1e6)
+            pipeline = _pipeline_ceiling(exe, clients, max_batch, seconds, row_us * max_batch)
             # The same, measured now: batches_at_once C++ threads running full batches of the plain
             # model back to back (on a shared machine, less than the cores' worth of it).
             rps, _, _, _ = scripted.drive(in_flight, seconds, rows=max_batch)
@@ -225,6 +244,8 @@ def _ceilings(mlp, exe, rows, seconds, tmpdir):
                         "ceiling_req/s": with_handoff, "compute_now_req/s": compute_now,
                         "batcher_us_per_req": batcher, "batcher_ceiling_req/s": with_batcher,
                         "of_batcher_ceiling": best["batched_req/s"] / with_batcher,
+                        "pipeline_ceiling_req/s": pipeline, "pipeline_speedup": pipeline / unbatched[clients],
+                        "of_pipeline_ceiling": best["batched_req/s"] / pipeline,
                         "unbatched_req/s": unbatched[clients],
                         "ceiling_speedup": with_handoff / unbatched[clients], "best_nbt": best["nbt"],
                         "measured_req/s": best["batched_req/s"], "speedup": best["speedup"],
@@ -394,12 +415,15 @@ def run(args):
                     "of_ceiling = measured / ceiling; compute_now: batches_at_once threads running full batches of the "
                     "plain model, measured now; batcher_us_per_req: nn.Batched's CPU time per request around a module "
                     "that returns its input (the batcher without a model); batcher_ceiling = min(batches_at_once / "
-                    "model time per row, cores / (model time per row + batcher_us_per_req)); cpu_us_per_req, "
+                    "model time per row, cores / (model time per row + batcher_us_per_req)); pipeline_ceiling: the "
+                    "minimal batcher with the model's time per batch computed by each batch's last arrival, the "
+                    "better of sleeping and yield-spinning waiters (what this scheduler lets any batcher of this "
+                    "structure reach), pipeline_speedup = pipeline_ceiling / unbatched; cpu_us_per_req, "
                     "batched_cpus: the measured side's CPU time per request and busy cores)", ceilings,
                     ["clients", "max_batch", "model_us_per_row", "batches_at_once", "handoff_us_per_req",
                      "batcher_us_per_req", "compute_ceiling_req/s", "ceiling_req/s", "batcher_ceiling_req/s",
-                     "unbatched_req/s", "ceiling_speedup", "best_nbt", "measured_req/s", "speedup", "of_ceiling",
-                     "of_batcher_ceiling", "compute_now_req/s", "of_compute_now", "cpu_us_per_req", "batched_cpus",
+                     "pipeline_ceiling_req/s", "unbatched_req/s", "ceiling_speedup", "pipeline_speedup", "best_nbt",
+                     "measured_req/s", "speedup", "of_ceiling", "of_batcher_ceiling", "of_pipeline_ceiling", "compute_now_req/s", "of_compute_now", "cpu_us_per_req", "batched_cpus",
                      "unbatched_p99_us", "batched_p99_us"])
     if cuda_rows:
         print_table(f"batching on {torch.cuda.get_device_name(device)}: C++ client threads of a libtorch process, "

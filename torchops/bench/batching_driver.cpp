@@ -9,16 +9,20 @@
 // moves them, as a server receiving requests from the network would). `shape`: a request row's shape,
 // e.g. 256 or 1x8x8.
 //
-// `--handoff clients batch seconds`: the hand-off floor of this machine, with no torch at all: N threads
-// form batches of `batch` requests through one mutex and a condition variable per batch (the batch's
-// last arrival wakes the others), the least any batcher whose callers block must pay. Prints:
-// requests_per_s 0 0 cpus_busy.
+// `--handoff clients batch seconds [work_us [spin]]`: the hand-off floor of this machine, with no torch at all:
+// N threads form batches of `batch` requests through one mutex and a condition variable per batch (the batch's
+// last arrival wakes the others), the least any batcher whose callers block must pay. With work_us, the last
+// arrival first computes for work_us on its own thread (as nn.Batched's holder runs the model) while the next
+// batch forms: the floor with the model's CPU time in the loop, where the scheduler's placement of waiting and
+// computing threads decides how much of the cores does useful work. `spin`: the waiters yield-spin on a flag
+// instead of sleeping. Prints: requests_per_s 0 0 cpus_busy.
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/script.h>
 
 #include <dlfcn.h>
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -40,10 +44,21 @@ double cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-int handoff(int clients, int batch, double seconds) {
+// Busy computation of about `us` microseconds of this thread's CPU time (so that time spent preempted does not count).
+void compute_for(double us) {
+  timespec t0{}, t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
+  volatile double x = 1.0;
+  do {
+    for (int i = 0; i < 200; ++i) x = x * 1.0000001 + 1e-9;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  } while ((t.tv_sec - t0.tv_sec) * 1e6 + (t.tv_nsec - t0.tv_nsec) * 1e-3 < us);
+}
+
+int handoff(int clients, int batch, double seconds, double work_us, bool spin) {
   struct Batch {
     int n = 0;
-    bool done = false;
+    std::atomic<bool> done{false};
     std::condition_variable cv;
   };
   std::mutex mu;
@@ -61,11 +76,17 @@ int handoff(int clients, int batch, double seconds) {
         auto b = open;
         if (++b->n == batch) {
           open = std::make_shared<Batch>();
+          l.unlock();
+          if (work_us > 0) compute_for(work_us);
+          l.lock();
           b->done = true;
           l.unlock();
           b->cv.notify_all();
+        } else if (spin) {
+          l.unlock();
+          while (!b->done.load() && !stop.load()) std::this_thread::yield();
         } else {
-          b->cv.wait(l, [&] { return b->done || stop.load(); });
+          b->cv.wait(l, [&] { return b->done.load() || stop.load(); });
         }
         ++n;
       }
@@ -87,8 +108,9 @@ int handoff(int clients, int batch, double seconds) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc == 5 && std::strcmp(argv[1], "--handoff") == 0)
-    return handoff(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]));
+  if (argc >= 5 && argc <= 7 && std::strcmp(argv[1], "--handoff") == 0)
+    return handoff(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]), argc >= 6 ? std::atof(argv[5]) : 0.0,
+                   argc == 7 && std::strcmp(argv[6], "spin") == 0);
   if (argc < 6) {
     std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds shape [shared_name|\"\" [rows [cpu|cuda]]]\n",
                  argv[0]);
