@@ -14,7 +14,7 @@ from typing import Dict, List
 _DIAGNOSTIC = ("faults", "clone", "aten_mul", "ratio_min", "ratio_max", "GB/s", "cpus")
 # Summary values of `--repeat` runs shown in the table: ratios, and batching's throughput ratios (the others
 # are diagnostics).
-_REPEAT_VALUES = ("ratio", "ratio_med", "speedup", "of_ceiling", "of_compute_now")
+_REPEAT_VALUES = ("ratio", "ratio_med", "speedup", "of_ceiling", "of_compute_now", "of_pipeline_ceiling")
 
 
 def machine_description() -> str:
