@@ -49,17 +49,29 @@ def test_host_io_moves_rows_to_the_device_and_back():
     assert m(x).device.type == "cpu"
 
 
+class _Slow(torch.nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x
+        for _ in range(200):
+            y = torch.tanh(y @ torch.ones(64, 64))
+        return y
+
+
 @pytest.mark.parametrize("spin", [False, True])
-def test_handoff_with_model_time_is_bounded_by_the_model(driver, spin):
-    # 4 clients, batches of 2, 2 ms of the holder's own CPU time per batch: at most min(cores, 4 // 2) batches
-    # compute at once, so at most 2 * 2 / 2 ms = 2000 requests/s whatever the scheduler does.
-    rps, cpus = bench_batching._handoff(driver, 4, 2, 0.3, work_us=2000, spin=spin)
-    free, _ = bench_batching._handoff(driver, 4, 2, 0.3)
-    assert 0 < rps <= 2000 * 1.05
-    assert free > 2 * rps  # without the model's time the same batcher is far faster
-    assert cpus > 0
+def test_pipeline_runs_the_model_for_every_batch(driver, tmp_path, spin):
+    # The minimal batcher with a model that takes far longer than a hand-off: its rate is bounded by the model run
+    # on full batches, far below the same batcher without a model.
+    m = bench_batching._CppModel(driver, torch.jit.script(_Slow()), str(tmp_path), shape=(64,))
+    rps = m.pipeline(clients=4, batch=2, seconds=0.3, spin=spin)
+    full, _, _, _ = m.drive(clients=2, seconds=0.3, rows=2)  # 2 threads running full batches, back to back
+    free = 1e6 / bench_batching._handoff_us(driver, 4, 2, 0.3)  # requests per CPU second without a model
+    assert 0 < rps <= 2 * full * 1.5
+    assert rps * 5 < free
 
 
-def test_pipeline_ceiling_is_the_better_waiting_mode(driver):
-    rps = bench_batching._pipeline_ceiling(driver, 4, 2, 0.3, 2000)
-    assert 0 < rps <= 2000 * 1.05
+def test_pipeline_rejects_bad_arguments(driver, tmp_path):
+    m = bench_batching._CppModel(driver, torch.jit.script(_Slow()), str(tmp_path), shape=(64,))
+    for batch, mode in (("0", "sleep"), ("2", "nap")):
+        p = subprocess.run([driver, "--pipeline", batch, mode, "lib", m.path, "1", "0.1", "64"], capture_output=True,
+                           text=True, env=m._env())
+        assert p.returncode == 2 and "--pipeline" in p.stderr

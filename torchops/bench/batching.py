@@ -16,9 +16,10 @@ no tensors, measured by the C++ driver's `--handoff` mode), against the measured
 ceiling's `model_us_per_row` + `handoff_us_per_req`, `batcher_us_per_req` (nn.Batched's own CPU time per request,
 measured around a module that returns its input: hand-off plus op calls) and the cores the batched side leaves
 idle (cores - `batched_cpus`); `batcher_ceiling` is the ceiling with the batcher's measured cost in place of the
-floor's. `pipeline_ceiling` runs the minimal batcher with the model's time per batch computed by each batch's last
-arrival (the better of sleeping and yield-spinning waiters): what the scheduler lets any batcher of nn.Batched's
-structure reach on this machine, where woken callers queue behind a computing thread while another core idles.
+floor's. `pipeline_ceiling` is the minimal batcher whose batches' last arrival runs the plain model on a full
+batch (the better of sleeping and yield-spinning waiters, no batching ops): what a batcher of nn.Batched's structure
+reaches with this model on this machine, where woken callers queue behind a computing thread while another core
+idles and the model, run by a different thread each batch, runs slower than alone.
 
 On a GPU (`--device cuda`) the Python threads call the modules with device tensors (eager and script), and a
 last table has C++ client threads send host requests to the MLP and to the demo's model, each wrapped so that
@@ -153,44 +154,41 @@ class _CppModel:
         self.path = os.path.join(tmpdir, f"{uuid.uuid4().hex}.pt")
         scripted.save(self.path)
 
-    def drive(self, clients, seconds, rows=1):
+    @staticmethod
+    def _env():
         torch_lib = os.path.join(os.path.dirname(torch.__file__), "lib")  # libtorch (and libc10_cuda) for the driver
-        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
-                   LD_LIBRARY_PATH=torch_lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
+        return dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
+                    LD_LIBRARY_PATH=torch_lib + os.pathsep + os.environ.get("LD_LIBRARY_PATH", ""))
+
+    def drive(self, clients, seconds, rows=1):
         cmd = [self.exe, torchops._loader.library_path(), self.path, str(clients), str(seconds), self.shape]
         p = subprocess.run(cmd + [self.shared_name, str(rows), self.device], capture_output=True, text=True,
-                           timeout=300, env=env)
+                           timeout=300, env=self._env())
         if p.returncode != 0:
             raise RuntimeError(f"batching bench driver failed: {p.stdout}{p.stderr}")
         lines = p.stdout.splitlines()
         self.stats = json.loads(lines[1]) if len(lines) > 1 and lines[1].strip() else None
         return tuple(float(v) for v in lines[0].split())
 
-
-def _handoff(exe, clients, max_batch, seconds, work_us=0.0, spin=False):
-    """The driver's minimal batcher (no tensors): (requests/s, busy cores). With work_us, the last arrival of each
-    batch computes that long before it releases the others (the model's time per batch)."""
-    cmd = [exe, "--handoff", str(clients), str(max_batch), str(seconds)]
-    if work_us > 0 or spin:
-        cmd += [f"{work_us:.3f}"] + (["spin"] if spin else [])
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
-    if p.returncode != 0:
-        raise RuntimeError(f"batching bench driver (--handoff) failed: {p.stdout}{p.stderr}")
-    rps, _, _, cpus = (float(v) for v in p.stdout.split())
-    return rps, cpus
+    def pipeline(self, clients, batch, seconds, spin):
+        """Requests/s of the driver's minimal batcher whose batches' last arrival runs this (plain) model on
+        `batch` rows; the waiters sleep, or yield-spin with `spin`."""
+        cmd = [self.exe, "--pipeline", str(batch), "spin" if spin else "sleep", torchops._loader.library_path(),
+               self.path, str(clients), str(seconds), self.shape]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=self._env())
+        if p.returncode != 0:
+            raise RuntimeError(f"batching bench driver (--pipeline) failed: {p.stdout}{p.stderr}")
+        return float(p.stdout.split()[0])
 
 
 def _handoff_us(exe, clients, max_batch, seconds):
-    """CPU microseconds per request of the driver's minimal batcher with no model: the hand-off floor."""
-    rps, cpus = _handoff(exe, clients, max_batch, seconds)
+    """CPU microseconds per request of the driver's minimal batcher (no tensors): the hand-off floor."""
+    p = subprocess.run([exe, "--handoff", str(clients), str(max_batch), str(seconds)], capture_output=True, text=True,
+                       timeout=120)
+    if p.returncode != 0:
+        raise RuntimeError(f"batching bench driver (--handoff) failed: {p.stdout}{p.stderr}")
+    rps, _, _, cpus = (float(v) for v in p.stdout.split())
     return cpus / rps * 1e6
-
-
-def _pipeline_ceiling(exe, clients, max_batch, seconds, batch_us):
-    """Requests/s of the driver's minimal batcher with the model's time per batch in the loop, the better of
-    sleeping and yield-spinning waiters: how much of the cores a batcher of this structure (callers wait, the
-    batch's last arrival runs the model) can keep busy on this machine's scheduler, with no torch at all."""
-    return max(_handoff(exe, clients, max_batch, seconds, batch_us, spin)[0] for spin in (False, True))
 
 
 class _Identity(torch.nn.Module):
@@ -228,7 +226,8 @@ def _ceilings(mlp, exe, rows, seconds, tmpdir):
                             and r["max_batch"] == max_batch), key=lambda r: r["batched_req/s"])["nbt"]
             batcher = _batcher_us(exe, clients, max_batch, best_nbt, seconds, tmpdir)
             with_batcher = min(compute, cores / (row_us + batcher) * 1e6)
-            pipeline = _pipeline_ceiling(exe, clients, max_batch, seconds, row_us * max_batch)
+            # The minimal batcher running this model (the better of sleeping and yield-spinning waiters).
+            pipeline = max(scripted.pipeline(clients, max_batch, seconds, spin) for spin in (False, True))
             # The same, measured now: batches_at_once C++ threads running full batches of the plain
             # model back to back (on a shared machine, less than the cores' worth of it).
             rps, _, _, _ = scripted.drive(in_flight, seconds, rows=max_batch)
@@ -416,9 +415,9 @@ def run(args):
                     "plain model, measured now; batcher_us_per_req: nn.Batched's CPU time per request around a module "
                     "that returns its input (the batcher without a model); batcher_ceiling = min(batches_at_once / "
                     "model time per row, cores / (model time per row + batcher_us_per_req)); pipeline_ceiling: the "
-                    "minimal batcher with the model's time per batch computed by each batch's last arrival, the "
-                    "better of sleeping and yield-spinning waiters (what this scheduler lets any batcher of this "
-                    "structure reach), pipeline_speedup = pipeline_ceiling / unbatched; cpu_us_per_req, "
+                    "minimal batcher (no batching ops) whose batches' last arrival runs the plain model, the better "
+                    "of sleeping and yield-spinning waiters, pipeline_speedup = pipeline_ceiling / unbatched; "
+                    "cpu_us_per_req, "
                     "batched_cpus: the measured side's CPU time per request and busy cores)", ceilings,
                     ["clients", "max_batch", "model_us_per_row", "batches_at_once", "handoff_us_per_req",
                      "batcher_us_per_req", "compute_ceiling_req/s", "ceiling_req/s", "batcher_ceiling_req/s",

@@ -9,20 +9,22 @@
 // moves them, as a server receiving requests from the network would). `shape`: a request row's shape,
 // e.g. 256 or 1x8x8.
 //
-// `--handoff clients batch seconds [work_us [spin]]`: the hand-off floor of this machine, with no torch at all:
-// N threads form batches of `batch` requests through one mutex and a condition variable per batch (the batch's
-// last arrival wakes the others), the least any batcher whose callers block must pay. With work_us, the last
-// arrival first computes for work_us on its own thread (as nn.Batched's holder runs the model) while the next
-// batch forms: the floor with the model's CPU time in the loop, where the scheduler's placement of waiting and
-// computing threads decides how much of the cores does useful work. `spin`: the waiters yield-spin on a flag
-// instead of sleeping. Prints: requests_per_s 0 0 cpus_busy.
+// `--handoff clients batch seconds`: the hand-off floor of this machine, with no torch at all: N threads
+// form batches of `batch` requests through one mutex and a condition variable per batch (the batch's
+// last arrival wakes the others), the least any batcher whose callers block must pay. Prints:
+// requests_per_s 0 0 cpus_busy.
+//
+// `--pipeline batch sleep|spin torchops_lib model.pt clients seconds shape`: the same minimal batcher, whose
+// batches' last arrival runs the model on `batch` rows before it releases the others (as nn.Batched's holder
+// does), with no batching ops or tensors per request: what a batcher of that structure can reach with this
+// model on this machine (how the scheduler places waiting and computing threads, how fast the model runs
+// among them). `spin`: the waiters yield-spin on a flag instead of sleeping. Prints as --handoff.
 #include <ATen/Parallel.h>
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/script.h>
 
 #include <dlfcn.h>
 #include <sys/resource.h>
-#include <time.h>
 
 #include <algorithm>
 #include <atomic>
@@ -44,18 +46,10 @@ double cpu_seconds() {
   return u.ru_utime.tv_sec + u.ru_stime.tv_sec + 1e-6 * (u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
-// Busy computation of about `us` microseconds of this thread's CPU time (so that time spent preempted does not count).
-void compute_for(double us) {
-  timespec t0{}, t{};
-  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t0);
-  volatile double x = 1.0;
-  do {
-    for (int i = 0; i < 200; ++i) x = x * 1.0000001 + 1e-9;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
-  } while ((t.tv_sec - t0.tv_sec) * 1e6 + (t.tv_nsec - t0.tv_nsec) * 1e-3 < us);
-}
-
-int handoff(int clients, int batch, double seconds, double work_us, bool spin) {
+// The minimal batcher of --handoff / --pipeline. `make_work` runs once on every client thread and returns what
+// that thread runs when it completes a batch.
+template <typename MakeWork>
+int minimal_batcher(int clients, int batch, double seconds, bool spin, MakeWork make_work) {
   struct Batch {
     int n = 0;
     std::atomic<bool> done{false};
@@ -63,13 +57,15 @@ int handoff(int clients, int batch, double seconds, double work_us, bool spin) {
   };
   std::mutex mu;
   auto open = std::make_shared<Batch>();
-  std::atomic<bool> stop{false};
+  std::atomic<bool> go{false}, stop{false};
+  std::atomic<int> ready{0};
   std::atomic<long> requests{0};
-  const double cpu0 = cpu_seconds();
-  const auto start = std::chrono::steady_clock::now();
   std::vector<std::thread> pool;
   for (int i = 0; i < clients; ++i) {
     pool.emplace_back([&] {
+      auto work = make_work();
+      ++ready;
+      while (!go) std::this_thread::yield();
       long n = 0;
       while (!stop) {
         std::unique_lock<std::mutex> l(mu);
@@ -77,7 +73,7 @@ int handoff(int clients, int batch, double seconds, double work_us, bool spin) {
         if (++b->n == batch) {
           open = std::make_shared<Batch>();
           l.unlock();
-          if (work_us > 0) compute_for(work_us);
+          work();
           l.lock();
           b->done = true;
           l.unlock();
@@ -93,6 +89,10 @@ int handoff(int clients, int batch, double seconds, double work_us, bool spin) {
       requests += n;
     });
   }
+  while (ready < clients) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const double cpu0 = cpu_seconds();
+  const auto start = std::chrono::steady_clock::now();
+  go = true;
   std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
   stop = true;
   {
@@ -108,9 +108,21 @@ int handoff(int clients, int batch, double seconds, double work_us, bool spin) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc >= 5 && argc <= 7 && std::strcmp(argv[1], "--handoff") == 0)
-    return handoff(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]), argc >= 6 ? std::atof(argv[5]) : 0.0,
-                   argc == 7 && std::strcmp(argv[6], "spin") == 0);
+  if (argc == 5 && std::strcmp(argv[1], "--handoff") == 0)
+    return minimal_batcher(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]), false,
+                           [] { return [] {}; });
+  int pipeline_batch = 0;
+  bool pipeline_spin = false;
+  if (argc >= 4 && std::strcmp(argv[1], "--pipeline") == 0) {
+    pipeline_batch = std::atoi(argv[2]);
+    pipeline_spin = std::strcmp(argv[3], "spin") == 0;
+    if (pipeline_batch < 1 || (!pipeline_spin && std::strcmp(argv[3], "sleep") != 0)) {
+      std::fprintf(stderr, "--pipeline: expected a batch size >= 1 and sleep|spin, got %s %s\n", argv[2], argv[3]);
+      return 2;
+    }
+    argv += 3;
+    argc -= 3;
+  }
   if (argc < 6) {
     std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds shape [shared_name|\"\" [rows [cpu|cuda]]]\n",
                  argv[0]);
@@ -143,6 +155,19 @@ int main(int argc, char** argv) {
   if (shape.size() < 2) {
     std::fprintf(stderr, "bad shape \"%s\": expected dims such as 256 or 1x8x8\n", argv[5]);
     return 2;
+  }
+  if (pipeline_batch > 0) {
+    shape[0] = pipeline_batch;
+    return minimal_batcher(clients, pipeline_batch, seconds, pipeline_spin, [&] {
+      at::set_num_threads(1);
+      auto x = torch::randn(shape);
+      auto run = [&model, x] {
+        torch::NoGradGuard no_grad;
+        model.forward({x});
+      };
+      run();  // (warm-up: the first calls of a scripted model optimise it)
+      return run;
+    });
   }
   std::atomic<int> ready{0};
   std::atomic<bool> go{false}, stop{false};
