@@ -108,6 +108,7 @@ int minimal_batcher(int clients, int batch, double seconds, bool spin, MakeWork 
 }  // namespace
 
 int main(int argc, char** argv) {
+  const char* prog = argv[0];
   if (argc == 5 && std::strcmp(argv[1], "--handoff") == 0)
     return minimal_batcher(std::atoi(argv[2]), std::atoi(argv[3]), std::atof(argv[4]), false,
                            [] { return [] {}; });
@@ -125,7 +126,7 @@ int main(int argc, char** argv) {
   }
   if (argc < 6) {
     std::fprintf(stderr, "usage: %s torchops_lib model.pt clients seconds shape [shared_name|\"\" [rows [cpu|cuda]]]\n",
-                 argv[0]);
+                 prog);
     return 2;
   }
   if (argc >= 9 && std::strcmp(argv[8], "cuda") == 0 && !dlopen("libtorch_cuda.so", RTLD_NOW | RTLD_GLOBAL)) {
