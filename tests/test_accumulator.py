@@ -258,13 +258,33 @@ def test_stale_dropped_and_counted():
     q = ConditionalAccumulator(torch.float32, shape=[2])
     q.set_global_step(5)
     q.apply_grad(torch.ones(2), local_step=4)
-    q.apply_grad(torch.ones(7), local_step=3)  # stale with a wrong shape: accepted silently
+    q.handle.apply_grad(3, torch.ones(7))  # stale with a wrong shape: accepted silently (the op never validates it)
     assert q.num_accumulated() == 0
     assert q.stats()["dropped_stale"] == 2 and q.stats()["applied"] == 0
     q.apply_grad(torch.full((2,), 3.0), local_step=5)
     assert q.stats()["applied"] == 1
     assert q.take_grad(1).tolist() == [3.0, 3.0]
     assert q.stats()["takes"] == 1 and q.global_step() == 6
+
+
+def test_python_apply_grad_checks_declared_shape_even_if_stale():
+    # TF's ConditionalAccumulator.apply_grad checks the gradient's shape against the declared one when the op is
+    # built, whatever the local step.
+    q = ConditionalAccumulator(torch.float32, shape=[1, None])
+    q.set_global_step(5)
+    for bad in (torch.ones(1), torch.ones(2, 3), torch.ones(1, 2, 1)):
+        with pytest.raises(ValueError, match=r"Shape mismatch: expected \[1, \?\], got \[.*\] \(apply_grad: grad "
+                                             r"is incompatible with the accumulator's declared shape\)"):
+            q.apply_grad(bad, local_step=3)
+        with pytest.raises(ValueError, match="incompatible with the accumulator's declared shape"):
+            q.apply_grad(bad, local_step=5)
+    q.apply_grad([[1.0, 2.0, 3.0]], local_step=3)  # compatible and stale: dropped
+    q.apply_grad(torch.ones(1, 4), local_step=5)
+    assert q.num_accumulated() == 1 and q.stats()["dropped_stale"] == 1
+    assert q.take_grad(1).tolist() == [[1.0, 1.0, 1.0, 1.0]]
+    u = ConditionalAccumulator(torch.float32)  # unknown rank: any shape
+    u.apply_grad(torch.ones(2, 2, 2))
+    assert u.num_accumulated() == 1
 
 
 def test_mean_over_all_accumulated():

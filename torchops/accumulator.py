@@ -169,6 +169,13 @@ class ConditionalAccumulator(_Base):
             grad = torch.as_tensor(grad, dtype=self.dtype)
         elif grad.dtype != self.dtype:
             grad = _real_grad("grad", grad).to(self.dtype)  # TF converts the gradient to the accumulator dtype
+        declared = self.shape
+        if declared is not None and (grad.dim() != len(declared) or any(
+                d is not None and d != g for d, g in zip(declared, grad.shape))):
+            # TF's wrapper checks this when the op is built, so even a stale gradient is refused
+            want = "[" + ", ".join("?" if d is None else str(d) for d in declared) + "]"
+            raise ValueError(f"Shape mismatch: expected {want}, got {list(grad.shape)} (apply_grad: grad is "
+                             f"incompatible with the accumulator's declared shape)")
         self.handle.apply_grad(local_step, grad)
 
     def take_grad(self, num_required: int, timeout: Optional[float] = None) -> Tensor:
