@@ -764,6 +764,31 @@ def test_sparse_stale_counted_and_dtype_errors():
         q.handle.apply_grad(3, torch.tensor([0], dtype=torch.int32), torch.ones(1, 2), None)
 
 
+def test_sparse_op_gradient_shape_any_rank():
+    # TF's SparseAccumulatorApplyGradient reads gradient_shape's elements whatever its rank, ignores it when
+    # has_known_shape is false, and requires int64 in any case.
+    ops = torch.ops.torchops
+    s = SparseConditionalAccumulator(torch.float32, shape=[3, 2])
+    ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([0]), torch.ones(1, 2), torch.tensor([[3, 2]]), True)
+    with pytest.raises(ValueError, match="Shape mismatch: expected shape dim 1 to be 2, got 5"):
+        ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([1]), torch.ones(1, 2), torch.tensor([[3, 5]]),
+                                              True)
+    ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([2]), torch.ones(1, 2), torch.tensor([[7, 7, 7]]),
+                                          False)
+    ops.sparse_accumulator_apply_gradient(s.handle, -1, torch.tensor([1]), torch.ones(1, 2),
+                                          torch.tensor([[9, 9]]), True)  # stale: never validated
+    with pytest.raises(TypeError, match="gradient_shape must be int64, got Int"):
+        ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([1]), torch.ones(1, 2),
+                                              torch.tensor([3, 2], dtype=torch.int32), False)
+    assert s.num_accumulated() == 2
+    v = SparseConditionalAccumulator(torch.float32, shape=[4])
+    ops.sparse_accumulator_apply_gradient(v.handle, 0, torch.tensor([1]), torch.ones(1), torch.tensor(4), True)
+    with pytest.raises(ValueError, match="Shape mismatch: expected shape dim 0 to be 4, got 5"):
+        ops.sparse_accumulator_apply_gradient(v.handle, 0, torch.tensor([1]), torch.ones(1), torch.tensor(5), True)
+    idx, vals, shape = v.take_grad(1)
+    assert idx.tolist() == [1] and vals.tolist() == [1.0] and shape.tolist() == [4]
+
+
 def test_sparse_coo_gradient():
     q = SparseConditionalAccumulator(torch.float32, shape=[4, 2])
     dense = torch.tensor([[0.0, 0.0], [1.0, 2.0], [0.0, 0.0], [3.0, 4.0]])
