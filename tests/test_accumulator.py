@@ -287,6 +287,23 @@ def test_python_apply_grad_checks_declared_shape_even_if_stale():
     assert u.num_accumulated() == 1
 
 
+def test_integer_like_local_step_and_num_required():
+    np = pytest.importorskip("numpy")
+    q = ConditionalAccumulator(torch.float32, shape=[1])
+    q.apply_grad(torch.ones(1), local_step=np.int64(0))
+    q.apply_grad(torch.ones(1), local_step=torch.tensor(1))
+    assert q.take_grad(np.int32(2)).tolist() == [1.0]
+    s = SparseConditionalAccumulator(torch.float32, shape=[2])
+    s.apply_grad([1], [3.0], local_step=torch.tensor(0, dtype=torch.int32))
+    assert s.take_grad(torch.tensor(1))[1].tolist() == [3.0]
+    for bad in (1.0, True, torch.tensor(1.0), torch.tensor([1]), "1"):
+        with pytest.raises(TypeError, match="local_step must be an int"):
+            q.apply_grad(torch.ones(1), local_step=bad)
+        with pytest.raises(TypeError, match="num_required must be an int"):
+            q.take_grad(bad, timeout=0)
+    assert q.num_accumulated() == 0
+
+
 def test_mean_over_all_accumulated():
     q = ConditionalAccumulator(torch.float64, shape=[1])
     for x in (1.0, 2.0, 3.0, 6.0):

@@ -6,6 +6,7 @@ The accumulators are TorchScript custom classes (`torch.classes.torchops.Conditi
 (`torch.ops.torchops.accumulator_apply_gradient`, ...) take them as their handle. These Python classes
 wrap a handle (`.handle`) with TF's method names and argument conversions. See docs/accumulator.md.
 """
+import operator
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -46,9 +47,13 @@ def _shape_arg(shape) -> Optional[List[int]]:
 
 
 def _int_arg(name: str, v) -> int:
-    if not _is_int(v):
+    # Integer-like values (numpy integers, 0-d integer tensors) count as ints, as TF's wrapper casts them.
+    if isinstance(v, bool) or (isinstance(v, Tensor) and v.dim() != 0):
         raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
-    return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})") from None
 
 
 def _timeout_arg(timeout) -> Optional[float]:
