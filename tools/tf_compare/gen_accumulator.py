@@ -36,6 +36,7 @@ FLOATS = ["float16", "float32", "float64"]
 OTHER_DTYPES = ["bfloat16", "int32", "int64", "complex64", "complex128", "uint8", "int8", "int16", "bool"]
 TAKE_TIMEOUT = 10.0     # seconds: a take that must complete
 BLOCK_TIMEOUT = 0.08    # seconds: a take that must time out (not enough gradients)
+I64_MAX = 2 ** 63 - 1
 D_BF16 = "dtypes: + bfloat16 (TF has no bfloat16 kernel)"
 D_NEG = "sparse negative indices: error (TF: unchecked)"
 D_UNSORTED = "sparse unsorted / duplicate indices: any order, duplicates summed and counted once"
@@ -388,8 +389,8 @@ class Drawer:
         r = self.rng
         k = r.random()
         if k < 0.08:
-            return int(r.choice([2 ** 40, -(2 ** 40), 2 ** 62]))
-        return int(self.gs + r.integers(-2, 3))
+            return int(r.choice([2 ** 40, -(2 ** 40), 2 ** 62, I64_MAX]))
+        return min(max(self.gs + int(r.integers(-2, 3)), -I64_MAX - 1), I64_MAX)
 
     # -- sparse
     def sparse_apply(self, bad_ok=True, ls=None, run=True):
@@ -508,7 +509,7 @@ class Drawer:
 
     def after_take(self, o):
         if "ok" in o:
-            self.gs += 1
+            self.gs = self.gs + 1 if self.gs < I64_MAX else -I64_MAX - 1   # (int64 wraps on both sides)
             self.round, self.round_note = [], ""
             self.rshape = None
 
@@ -551,7 +552,9 @@ class Drawer:
             elif k < 0.88:
                 self.run(self.take(int(r.choice([0, -1, -7]))))
             else:
-                new = int(self.gs + r.integers(-3, 4)) if r.random() < 0.9 else int(r.integers(-5, 5))
+                k = r.random()
+                new = min(max(self.gs + int(r.integers(-3, 4)), -I64_MAX - 1), I64_MAX) if k < 0.85 else (int(r.integers(-5, 5)) if k < 0.95 else
+                                                                          I64_MAX - int(r.integers(0, 2)))
                 o = self.run(c.step("set_step", step=new))
                 if "ok" in o:
                     self.gs = new
