@@ -258,13 +258,50 @@ def test_stale_dropped_and_counted():
     q = ConditionalAccumulator(torch.float32, shape=[2])
     q.set_global_step(5)
     q.apply_grad(torch.ones(2), local_step=4)
-    q.apply_grad(torch.ones(7), local_step=3)  # stale with a wrong shape: accepted silently
+    q.handle.apply_grad(3, torch.ones(7))  # stale with a wrong shape: accepted silently (the op never validates it)
     assert q.num_accumulated() == 0
     assert q.stats()["dropped_stale"] == 2 and q.stats()["applied"] == 0
     q.apply_grad(torch.full((2,), 3.0), local_step=5)
     assert q.stats()["applied"] == 1
     assert q.take_grad(1).tolist() == [3.0, 3.0]
     assert q.stats()["takes"] == 1 and q.global_step() == 6
+
+
+def test_python_apply_grad_checks_declared_shape_even_if_stale():
+    # TF's ConditionalAccumulator.apply_grad checks the gradient's shape against the declared one when the op is
+    # built, whatever the local step.
+    q = ConditionalAccumulator(torch.float32, shape=[1, None])
+    q.set_global_step(5)
+    for bad in (torch.ones(1), torch.ones(2, 3), torch.ones(1, 2, 1)):
+        with pytest.raises(ValueError, match=r"Shape mismatch: expected \[1, \?\], got \[.*\] \(apply_grad: grad "
+                                             r"is incompatible with the accumulator's declared shape\)"):
+            q.apply_grad(bad, local_step=3)
+        with pytest.raises(ValueError, match="incompatible with the accumulator's declared shape"):
+            q.apply_grad(bad, local_step=5)
+    q.apply_grad([[1.0, 2.0, 3.0]], local_step=3)  # compatible and stale: dropped
+    q.apply_grad(torch.ones(1, 4), local_step=5)
+    assert q.num_accumulated() == 1 and q.stats()["dropped_stale"] == 1
+    assert q.take_grad(1).tolist() == [[1.0, 1.0, 1.0, 1.0]]
+    u = ConditionalAccumulator(torch.float32)  # unknown rank: any shape
+    u.apply_grad(torch.ones(2, 2, 2))
+    assert u.num_accumulated() == 1
+
+
+def test_integer_like_local_step_and_num_required():
+    np = pytest.importorskip("numpy")
+    q = ConditionalAccumulator(torch.float32, shape=[1])
+    q.apply_grad(torch.ones(1), local_step=np.int64(0))
+    q.apply_grad(torch.ones(1), local_step=torch.tensor(1))
+    assert q.take_grad(np.int32(2)).tolist() == [1.0]
+    s = SparseConditionalAccumulator(torch.float32, shape=[2])
+    s.apply_grad([1], [3.0], local_step=torch.tensor(0, dtype=torch.int32))
+    assert s.take_grad(torch.tensor(1))[1].tolist() == [3.0]
+    for bad in (1.0, True, torch.tensor(1.0), torch.tensor([1]), "1"):
+        with pytest.raises(TypeError, match="local_step must be an int"):
+            q.apply_grad(torch.ones(1), local_step=bad)
+        with pytest.raises(TypeError, match="num_required must be an int"):
+            q.take_grad(bad, timeout=0)
+    assert q.num_accumulated() == 0
 
 
 def test_mean_over_all_accumulated():
@@ -742,6 +779,31 @@ def test_sparse_stale_counted_and_dtype_errors():
         q.handle.apply_grad(3, torch.tensor([0]), torch.ones(1, 2, dtype=torch.float64), None)
     with pytest.raises(TypeError, match="indices must be int64"):
         q.handle.apply_grad(3, torch.tensor([0], dtype=torch.int32), torch.ones(1, 2), None)
+
+
+def test_sparse_op_gradient_shape_any_rank():
+    # TF's SparseAccumulatorApplyGradient reads gradient_shape's elements whatever its rank, ignores it when
+    # has_known_shape is false, and requires int64 in any case.
+    ops = torch.ops.torchops
+    s = SparseConditionalAccumulator(torch.float32, shape=[3, 2])
+    ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([0]), torch.ones(1, 2), torch.tensor([[3, 2]]), True)
+    with pytest.raises(ValueError, match="Shape mismatch: expected shape dim 1 to be 2, got 5"):
+        ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([1]), torch.ones(1, 2), torch.tensor([[3, 5]]),
+                                              True)
+    ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([2]), torch.ones(1, 2), torch.tensor([[7, 7, 7]]),
+                                          False)
+    ops.sparse_accumulator_apply_gradient(s.handle, -1, torch.tensor([1]), torch.ones(1, 2),
+                                          torch.tensor([[9, 9]]), True)  # stale: never validated
+    with pytest.raises(TypeError, match="gradient_shape must be int64, got Int"):
+        ops.sparse_accumulator_apply_gradient(s.handle, 0, torch.tensor([1]), torch.ones(1, 2),
+                                              torch.tensor([3, 2], dtype=torch.int32), False)
+    assert s.num_accumulated() == 2
+    v = SparseConditionalAccumulator(torch.float32, shape=[4])
+    ops.sparse_accumulator_apply_gradient(v.handle, 0, torch.tensor([1]), torch.ones(1), torch.tensor(4), True)
+    with pytest.raises(ValueError, match="Shape mismatch: expected shape dim 0 to be 4, got 5"):
+        ops.sparse_accumulator_apply_gradient(v.handle, 0, torch.tensor([1]), torch.ones(1), torch.tensor(5), True)
+    idx, vals, shape = v.take_grad(1)
+    assert idx.tolist() == [1] and vals.tolist() == [1.0] and shape.tolist() == [4]
 
 
 def test_sparse_coo_gradient():

@@ -6,6 +6,7 @@ The accumulators are TorchScript custom classes (`torch.classes.torchops.Conditi
 (`torch.ops.torchops.accumulator_apply_gradient`, ...) take them as their handle. These Python classes
 wrap a handle (`.handle`) with TF's method names and argument conversions. See docs/accumulator.md.
 """
+import operator
 import threading
 import time
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -46,9 +47,13 @@ def _shape_arg(shape) -> Optional[List[int]]:
 
 
 def _int_arg(name: str, v) -> int:
-    if not _is_int(v):
+    # Integer-like values (numpy integers, 0-d integer tensors) count as ints, as TF's wrapper casts them.
+    if isinstance(v, bool) or (isinstance(v, Tensor) and v.dim() != 0):
         raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})")
-    return v
+    try:
+        return operator.index(v)
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {v!r} ({type(v).__name__})") from None
 
 
 def _timeout_arg(timeout) -> Optional[float]:
@@ -169,6 +174,13 @@ class ConditionalAccumulator(_Base):
             grad = torch.as_tensor(grad, dtype=self.dtype)
         elif grad.dtype != self.dtype:
             grad = _real_grad("grad", grad).to(self.dtype)  # TF converts the gradient to the accumulator dtype
+        declared = self.shape
+        if declared is not None and (grad.dim() != len(declared) or any(
+                d is not None and d != g for d, g in zip(declared, grad.shape))):
+            # TF's wrapper checks this when the op is built, so even a stale gradient is refused
+            want = "[" + ", ".join("?" if d is None else str(d) for d in declared) + "]"
+            raise ValueError(f"Shape mismatch: expected {want}, got {list(grad.shape)} (apply_grad: grad is "
+                             f"incompatible with the accumulator's declared shape)")
         self.handle.apply_grad(local_step, grad)
 
     def take_grad(self, num_required: int, timeout: Optional[float] = None) -> Tensor:

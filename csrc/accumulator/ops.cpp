@@ -54,9 +54,8 @@ double timeout_or_none(c10::optional<double> timeout) {
   return *timeout;
 }
 
-std::vector<int64_t> shape_vector(const at::Tensor& shape, const char* what) {
-  TORCH_CHECK_VALUE(shape.dim() == 1, what, ": gradient_shape must be an int64 vector, got shape ", shape.sizes());
-  TORCH_CHECK_TYPE(shape.scalar_type() == at::kLong, what, ": gradient_shape must be int64, got ", shape.scalar_type());
+// TF reads gradient_shape's elements in order, whatever its rank.
+std::vector<int64_t> shape_vector(const at::Tensor& shape) {
   const at::Tensor s = shape.to(at::kCPU).contiguous();
   const int64_t* p = s.const_data_ptr<int64_t>();
   return std::vector<int64_t>(p, p + s.numel());
@@ -81,8 +80,11 @@ void set_global_step_sparse(const Sparse& h, int64_t step) { h->core->set_global
 
 void sparse_apply_gradient(const Sparse& h, int64_t local_step, const at::Tensor& indices, const at::Tensor& values,
                            const at::Tensor& gradient_shape, bool has_known_shape) {
+  TORCH_CHECK(gradient_shape.defined(), "sparse_accumulator_apply_gradient: gradient_shape is an undefined tensor");
+  TORCH_CHECK_TYPE(gradient_shape.scalar_type() == at::kLong,
+                   "sparse_accumulator_apply_gradient: gradient_shape must be int64, got ", gradient_shape.scalar_type());
   c10::optional<std::vector<int64_t>> shape;
-  if (has_known_shape) shape = shape_vector(gradient_shape, "sparse_accumulator_apply_gradient");
+  if (has_known_shape) shape = shape_vector(gradient_shape);
   h->core->apply(local_step, indices, values, shape);
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# TF parity check: bash tools/tf_compare/run.sh block_rnn|fused_batch_norm|batching [--cases N] [--seed S]
+# TF parity check: bash tools/tf_compare/run.sh block_rnn|fused_batch_norm|batching|accumulator [--cases N] [--seed S]
 # TF_PYTHON / TORCH_PYTHON override the two interpreters (TF and torch live in separate venvs).
 set -euo pipefail
 family=${1:-block_rnn}; shift || true
