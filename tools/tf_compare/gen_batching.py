@@ -207,6 +207,11 @@ def k_unbatch(b, rng):
                batch_index=empty_index(b), id=b.arr(np.array(ids[q], np.int64), "int64"), **u)
 
 
+# Inputs TF's UnbatchGrad takes unchecked and torchops' holder rejects (docs/batching.md).
+HOLDER_CHECKS = ("unbatch_grad holder validation (TF unchecked: rows past original_input, holder id not in "
+                 "batch_index, grad's trailing dims, rank-3 batch_index)")
+
+
 def k_unbatch_grad(b, rng):
     """Hand-made batch_index with several ids; every id deposits its gradient piece; the holder (non-empty
     original_input) gets them concatenated in index order. Holder last (one thread) or first (waits on its own
@@ -227,12 +232,13 @@ def k_unbatch_grad(b, rng):
     orig = b.arr(rand_array(rng, dt, (max(1, int(sizes.sum())) + int(rng.integers(0, 3)),) + otr), dt)
     first = K > 1 and rng.random() < 0.3
     b.sub += ("holder_first" if first else "holder_last") + ("+garbage_starts" if garbage else "")
+    checked = HOLDER_CHECKS if garbage or otr != tr or "holder_not_in_index" in b.sub else ""
     order = [q for q in rng.permutation(K).tolist() if q != h]
     if first:
         b.delays = {"1": 0.0, "0": 0.12}
     if first:
-        b.step("holder", "unbatch_grad", thread=1, original_input=orig, batch_index=b.arr(idx, "int64"),
-               grad=b.arr(rand_array(rng, dt, (int(sizes[h]),) + tr), dt),
+        b.step("holder", "unbatch_grad", thread=1, deliberate=checked, original_input=orig,
+               batch_index=b.arr(idx, "int64"), grad=b.arr(rand_array(rng, dt, (int(sizes[h]),) + tr), dt),
                id=b.arr(np.array(ids[h], np.int64), "int64"), **g)
     for q in order:
         r = rng.random()
@@ -246,7 +252,7 @@ def k_unbatch_grad(b, rng):
                grad=b.arr(rand_array(rng, dt, (int(sizes[q]),) + tr), dt),
                id=b.arr(np.array(ids[q], np.int64), "int64"), **g)
     if not first:
-        b.step("holder", "unbatch_grad", original_input=orig, batch_index=b.arr(idx, "int64"),
+        b.step("holder", "unbatch_grad", deliberate=checked, original_input=orig, batch_index=b.arr(idx, "int64"),
                grad=b.arr(rand_array(rng, dt, (int(sizes[h]),) + tr), dt),
                id=b.arr(np.array(ids[h], np.int64), "int64"), **g)
 
@@ -517,8 +523,9 @@ def e_unbatch_grad(b, rng, sub):
             bi = np.concatenate([bi, bi])
         else:
             bi[0, 0] = bi[-1, 0]
-    b.step("holder", "unbatch_grad", original_input=b.arr(orig, dt), batch_index=b.arr(bi, "int64"),
-           grad=b.arr(grads[-1], dt), id=b.arr(me, "int64"), **g)
+    b.step("holder", "unbatch_grad", deliberate=HOLDER_CHECKS if sub in ("index_rank3", "trailing_mismatch") else "",
+           original_input=b.arr(orig, dt), batch_index=b.arr(bi, "int64"), grad=b.arr(grads[-1], dt),
+           id=b.arr(me, "int64"), **g)
 
 
 ERRORS = [(e_batch, s) for s in ["task_too_large", "allowed_not_increasing", "allowed_last_ne_max", "dim0_mismatch",
