@@ -29,7 +29,8 @@ import torchops
 from torchops.accumulator import close_all
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_accumulator import load_case, run_scenario  # noqa: E402
+from gen_accumulator import run_scenario  # noqa: E402
+from scenarios import load_case, print_summary, record_difference  # noqa: E402
 
 ops = torch.ops.torchops
 
@@ -243,21 +244,9 @@ def main():
             else:
                 entry = (where, call, ["TF:       " + describe_outcome(t), "torchops: " + describe_outcome(p)],
                          s["deliberate"])
-            if s["deliberate"]:
-                row[4] += 1
-                found["b"].append(entry)
-            else:
-                row[3] += 1
-                found["a"].append(entry)
+            record_difference(found, row, entry, s["deliberate"])
 
-    print("%-22s %6s %6s %6s %8s %14s %13s" % ("scenario kind", "cases", "steps", "same", "(a) diff",
-                                              "(b) deliberate", "(c) both raise"))
-    tot = [0] * 6
-    for k in sorted(summary):
-        r = summary[k]
-        tot = [x + y for x, y in zip(tot, r)]
-        print("%-22s %6d %6d %6d %8d %14d %13d" % ((k,) + tuple(r)))
-    print("%-22s %6d %6d %6d %8d %14d %13d" % (("total",) + tuple(tot)))
+    print_summary(summary, 22, "(c) both raise")
 
     if found["a"]:
         print("\n== (a) MISMATCHES: torchops differs from TF (not declared deliberate) (%d)" % len(found["a"]))

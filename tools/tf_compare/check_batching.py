@@ -28,7 +28,8 @@ import torchops  # noqa: F401
 from torchops.batching import close_all
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gen_batching import load_case, run_scenario  # noqa: E402
+from gen_batching import run_scenario  # noqa: E402
+from scenarios import load_case, print_summary, record_difference  # noqa: E402
 
 ops = torch.ops.torchops
 
@@ -213,21 +214,9 @@ def main():
             else:
                 entry = (where + " step " + s["name"], call, ["TF:       " + describe_outcome(t),
                                                             "torchops: " + describe_outcome(p)], s["deliberate"])
-                if s["deliberate"]:
-                    row[4] += 1
-                    found["b"].append(entry)
-                else:
-                    row[3] += 1
-                    found["a"].append(entry)
+                record_difference(found, row, entry, s["deliberate"])
 
-    print("%-20s %6s %6s %6s %8s %14s %13s" % ("scenario kind", "cases", "steps", "same", "(a) diff",
-                                              "(b) deliberate", "(c) msg-only"))
-    tot = [0] * 6
-    for k in sorted(summary):
-        r = summary[k]
-        tot = [x + y for x, y in zip(tot, r)]
-        print("%-20s %6d %6d %6d %8d %14d %13d" % ((k,) + tuple(r)))
-    print("%-20s %6d %6d %6d %8d %14d %13d" % (("total",) + tuple(tot)))
+    print_summary(summary, 20, "(c) msg-only")
 
     def show(title, items, limit=None):
         if not items:

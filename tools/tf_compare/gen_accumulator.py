@@ -98,13 +98,6 @@ def save_case(path, case, outcomes):
     np.savez(path, **out)
 
 
-def load_case(path):
-    z = np.load(path, allow_pickle=False)
-    meta = json.loads(str(z["meta"]))
-    arrays = {k: z[k] for k in z.files if k != "meta"}
-    return meta, arrays
-
-
 def run_scenario(case, arrays, side):
     """Replays a scenario's steps on `side` (TFSide or the checker's TorchSide): the create step first, then every
     thread (thread t starts delays[t] seconds after the create step) runs its steps in order. Returns

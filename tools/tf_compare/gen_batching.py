@@ -719,13 +719,6 @@ def save_case(path, b, tf_outcomes, crash=None):
     np.savez(path, **out)
 
 
-def load_case(path):
-    z = np.load(path, allow_pickle=False)
-    meta = json.loads(str(z["meta"]))
-    arrays = {k: z[k] for k in z.files if k != "meta"}
-    return meta, arrays
-
-
 # ------------------------------------------------------------------------------------------------------------
 # TensorFlow backend
 

@@ -1,0 +1,37 @@
+"""Shared by the scenario families (batching, accumulator): the case files both sides read, and the summary table
+of their checkers. Plain numpy / json: imported from the TF venv (gen_*) and the torch venv (check_*)."""
+import json
+
+import numpy as np
+
+
+def load_case(path):
+    """(meta, arrays) of a case file written by a gen_<family>.py."""
+    z = np.load(path, allow_pickle=False)
+    meta = json.loads(str(z["meta"]))
+    arrays = {k: z[k] for k in z.files if k != "meta"}
+    return meta, arrays
+
+
+def record_difference(found, row, entry, deliberate):
+    """A step whose outcomes differ: (b) when the generator tagged it with a declared deliberate difference, else
+    (a); row is the scenario kind's [cases, steps, same, a, b, c] counts."""
+    if deliberate:
+        row[4] += 1
+        found["b"].append(entry)
+    else:
+        row[3] += 1
+        found["a"].append(entry)
+
+
+def print_summary(summary, width, last_column):
+    """Per scenario kind and in total: cases, steps, same, (a), (b) and the family's (c) column."""
+    fmt = "%-" + str(width) + "s %6d %6d %6d %8d %14d %13d"
+    print(("%-" + str(width) + "s %6s %6s %6s %8s %14s %13s") % ("scenario kind", "cases", "steps", "same",
+                                                                 "(a) diff", "(b) deliberate", last_column))
+    tot = [0] * 6
+    for k in sorted(summary):
+        r = summary[k]
+        tot = [x + y for x, y in zip(tot, r)]
+        print(fmt % ((k,) + tuple(r)))
+    print(fmt % (("total",) + tuple(tot)))
