@@ -30,7 +30,7 @@ from torchops.accumulator import close_all
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_accumulator import run_scenario  # noqa: E402
-from scenarios import load_case, print_summary, record_difference  # noqa: E402
+from scenarios import load_case, print_deliberate, print_summary, record_difference  # noqa: E402
 
 ops = torch.ops.torchops
 
@@ -254,16 +254,7 @@ def main():
             print("* %s\n    %s" % (where, call))
             for ln in lines:
                 print("    " + ln)
-    groups = {}
-    for e in found["b"]:
-        groups.setdefault(e[3], []).append(e)
-    if groups:
-        print("\n== (b) differences docs/accumulator.md declares deliberate (%d)" % len(found["b"]))
-        for note, items in groups.items():
-            where, call, lines, _ = items[0]
-            print("* [%s] x%d, e.g. %s\n    %s" % (note, len(items), where, call))
-            for ln in lines:
-                print("    " + ln)
+    print_deliberate(found["b"], "docs/accumulator.md")
     if found["tf_crash"]:
         print("\n== TF aborted the process (%d); torchops' outcome" % len(found["tf_crash"]))
         for where, call, lines, _ in found["tf_crash"]:

@@ -29,7 +29,7 @@ from torchops.batching import close_all
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_batching import run_scenario  # noqa: E402
-from scenarios import load_case, print_summary, record_difference  # noqa: E402
+from scenarios import load_case, print_deliberate, print_summary, record_difference  # noqa: E402
 
 ops = torch.ops.torchops
 
@@ -230,17 +230,7 @@ def main():
             print("  ... %d more" % (len(items) - limit))
 
     show("(a) MISMATCHES: torchops differs from TF (not declared deliberate)", found["a"])
-    # (b): group by the deliberate rule, one example each
-    groups = {}
-    for e in found["b"]:
-        groups.setdefault(e[3], []).append(e)
-    if groups:
-        print("\n== (b) differences docs/batching.md declares deliberate (%d)" % len(found["b"]))
-        for note, items in groups.items():
-            where, call, lines, _ = items[0]
-            print("* [%s] x%d, e.g. %s\n    %s" % (note, len(items), where, call))
-            for ln in lines:
-                print("    " + ln)
+    print_deliberate(found["b"], "docs/batching.md")
     show("TF aborted (no torchops difference implied)", found["tf_crash"])
     # (c): one example per (kind/sub, step); all with --verbose
     groups = {}

@@ -35,3 +35,17 @@ def print_summary(summary, width, last_column):
         tot = [x + y for x, y in zip(tot, r)]
         print(fmt % ((k,) + tuple(r)))
     print(fmt % (("total",) + tuple(tot)))
+
+
+def print_deliberate(found_b, doc):
+    """The (b) differences grouped by the deliberate rule the generator named, one example each."""
+    groups = {}
+    for e in found_b:
+        groups.setdefault(e[3], []).append(e)
+    if groups:
+        print("\n== (b) differences %s declares deliberate (%d)" % (doc, len(found_b)))
+        for note, items in groups.items():
+            where, call, lines, _ = items[0]
+            print("* [%s] x%d, e.g. %s\n    %s" % (note, len(items), where, call))
+            for ln in lines:
+                print("    " + ln)
