@@ -30,7 +30,7 @@ from torchops.accumulator import close_all
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_accumulator import run_scenario  # noqa: E402
-from scenarios import load_case, print_deliberate, print_summary, record_difference  # noqa: E402
+from scenarios import decode_outcomes, load_case, print_deliberate, print_summary, record_difference  # noqa: E402
 
 ops = torch.ops.torchops
 
@@ -187,13 +187,6 @@ def describe_step(s, arrays):
     return "%s[t%d](%s)" % (s["op"], s["thread"], ", ".join("%s=%s" % (k, one(v)) for k, v in s["args"].items()))
 
 
-def decode_tf(meta, arrays):
-    res = {}
-    for name, o in meta["tf"].items():
-        res[name] = {"ok": [(lab, dt, arrays[key]) for lab, dt, key in o["ok"]]} if "ok" in o else o
-    return res
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("indir")
@@ -207,7 +200,7 @@ def main():
     t0 = time.time()
     for f in files:
         meta, arrays = load_case(f)
-        tf = decode_tf(meta, arrays)
+        tf = decode_outcomes(meta["tf"], arrays)
         steps = [s for s in meta["steps"] if s["name"] in tf]   # (an aborted TF run ends the scenario)
         meta = dict(meta, steps=steps)
         side = TorchSide(meta)

@@ -29,7 +29,7 @@ from torchops.batching import close_all
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gen_batching import run_scenario  # noqa: E402
-from scenarios import load_case, print_deliberate, print_summary, record_difference  # noqa: E402
+from scenarios import decode_outcomes, load_case, print_deliberate, print_summary, record_difference  # noqa: E402
 
 ops = torch.ops.torchops
 
@@ -66,16 +66,6 @@ class TorchBackend:
             batched, index, id_ = ops.batch(**a)
             return {"batched": list(batched), "index": index, "id": id_}
         return {"out": getattr(ops, op)(**a)}
-
-
-def decode_tf(meta, arrays):
-    res = {}
-    for name, o in meta["tf"].items():
-        if "ok" in o:
-            res[name] = {"ok": [(lab, dt, arrays[key]) for lab, dt, key in o["ok"]]}
-        else:
-            res[name] = o
-    return res
 
 
 def short(a, n=10):
@@ -167,7 +157,7 @@ def main():
             pt = run_scenario(meta, arrays, backend)
         finally:
             close_all()     # wakes anything left blocked, drops this scenario's resources
-        tf = decode_tf(meta, arrays)
+        tf = decode_outcomes(meta["tf"], arrays)
         kind = meta["kind"]
         row = summary.setdefault(kind, [0, 0, 0, 0, 0, 0])
         row[0] += 1

@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from scenarios import encode_outcomes
+
 FLOATS = ["float16", "float32", "float64"]
 OTHER_DTYPES = ["bfloat16", "int32", "int64", "complex64", "complex128", "uint8", "int8", "int16", "bool"]
 TAKE_TIMEOUT = 10.0     # seconds: a take that must complete
@@ -82,18 +84,7 @@ class Case:
 def save_case(path, case, outcomes):
     out = dict(case.arrays)
     meta = case.to_json()
-    enc = {}
-    for name, o in outcomes.items():
-        if "ok" in o:
-            items = []
-            for lab, dt, a in o["ok"]:
-                key = "tf_%s_%s" % (name, lab)
-                out[key] = a
-                items.append([lab, dt, key])
-            enc[name] = {"ok": items}
-        else:
-            enc[name] = o
-    meta["tf"] = enc
+    meta["tf"] = encode_outcomes(outcomes, out)
     out["meta"] = np.array(json.dumps(meta))
     np.savez(path, **out)
 

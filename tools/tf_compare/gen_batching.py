@@ -25,6 +25,8 @@ import time
 
 import numpy as np
 
+from scenarios import encode_outcomes
+
 # ------------------------------------------------------------------------------------------------------------
 # scenario drawing (numpy only)
 
@@ -692,22 +694,6 @@ def run_scenario(case, arrays, backend):
         if s["name"] not in snap:
             snap[s["name"]] = {"hung": True}
     return snap
-
-
-def encode_outcomes(res, out):
-    """Outcomes -> JSON + npz entries (arrays under res_<step>_<k>)."""
-    enc = {}
-    for name, o in res.items():
-        if "ok" in o:
-            lst = []
-            for k, (lab, dt, a) in enumerate(o["ok"]):
-                key = "res_%s_%d" % (name, k)
-                out[key] = a
-                lst.append([lab, dt, key])
-            enc[name] = {"ok": lst}
-        else:
-            enc[name] = o
-    return enc
 
 
 def save_case(path, b, tf_outcomes, crash=None):

@@ -13,6 +13,29 @@ def load_case(path):
     return meta, arrays
 
 
+def encode_outcomes(outcomes, out):
+    """Step outcomes -> their JSON form, the arrays of {"ok": [(label, dtype, array), ...]} stored in `out` (the
+    case file's npz entries) under res_<step>_<k>."""
+    enc = {}
+    for name, o in outcomes.items():
+        if "ok" in o:
+            items = []
+            for k, (lab, dt, a) in enumerate(o["ok"]):
+                key = "res_%s_%d" % (name, k)
+                out[key] = a
+                items.append([lab, dt, key])
+            enc[name] = {"ok": items}
+        else:
+            enc[name] = o
+    return enc
+
+
+def decode_outcomes(enc, arrays):
+    """The inverse of encode_outcomes, given the case's arrays."""
+    return {name: {"ok": [(lab, dt, arrays[key]) for lab, dt, key in o["ok"]]} if "ok" in o else o
+            for name, o in enc.items()}
+
+
 def record_difference(found, row, entry, deliberate):
     """A step whose outcomes differ: (b) when the generator tagged it with a declared deliberate difference, else
     (a); row is the scenario kind's [cases, steps, same, a, b, c] counts."""
