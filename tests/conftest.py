@@ -110,3 +110,59 @@ def python_exit_delays(scripts, tmp_path, marker, timeout=300):
         delay = exited[i] - float(printed[-1]) if printed else float("inf")
         results.append((o, e, p.returncode, delay))
     return results
+
+
+CPU_CAPABILITIES = torchops.backends.cpu.supported_cpu_capabilities()
+
+
+@pytest.fixture(params=CPU_CAPABILITIES)
+def cpu_capability(request):
+    """Runs a test at each CPU capability this machine can run (every CPU kernel's capability routes), in-process."""
+    with torchops.backends.cpu.capability(request.param):
+        yield request.param
+
+
+def slot_routes(route_id):
+    """The routes of `route_id`'s slot, in order of preference."""
+    rs = torchops.backends.routes()
+    me = next(r for r in rs if r["id"] == route_id)
+    return [r for r in rs if (r["family"], r["slot"], r["device"]) == (me["family"], me["slot"], me["device"])]
+
+
+class forced_route:
+    """Within the block, `route_id` is the first enabled route of its slot (the ones before it are off, it is on);
+    on exit the previous settings come back and, unless `check=False`, it is asserted that the route ran."""
+
+    def __init__(self, route_id, check=True):
+        self.route_id, self.check = route_id, check
+
+    def __enter__(self):
+        settings, found = {}, False
+        for r in slot_routes(self.route_id):
+            if r["id"] == self.route_id:
+                found = True
+                if not r["fallback"]:
+                    settings[r["id"]] = True
+            elif not found:
+                settings[r["id"]] = False
+        self._flags = torchops.backends.flags(settings)
+        self._flags.__enter__()
+        self._hits = torchops.backends.hits(self.route_id)
+        return self
+
+    def __exit__(self, *exc):
+        ran = torchops.backends.hits(self.route_id) - self._hits
+        self._flags.__exit__(*exc)
+        if exc[0] is None and self.check:
+            assert ran > 0, f"route {self.route_id} did not run"
+        return False
+
+
+@pytest.fixture
+def set_routes():
+    """set_routes({route_id: on, ...}) for the rest of the test; the previous settings come back at teardown."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    yield lambda settings: stack.enter_context(torchops.backends.flags(settings))
+    stack.close()
