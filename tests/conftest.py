@@ -130,22 +130,14 @@ def slot_routes(route_id):
 
 
 class forced_route:
-    """Within the block, `route_id` is the first enabled route of its slot (the ones before it are off, it is on);
-    on exit the previous settings come back and, unless `check=False`, it is asserted that the route ran."""
+    """Within the block, `route_id` runs every case it covers (torchops.backends.prefer); on exit the previous
+    settings come back and, unless `check=False`, it is asserted that the route ran."""
 
     def __init__(self, route_id, check=True):
         self.route_id, self.check = route_id, check
 
     def __enter__(self):
-        settings, found = {}, False
-        for r in slot_routes(self.route_id):
-            if r["id"] == self.route_id:
-                found = True
-                if not r["fallback"]:
-                    settings[r["id"]] = True
-            elif not found:
-                settings[r["id"]] = False
-        self._flags = torchops.backends.flags(settings)
+        self._flags = torchops.backends.prefer(self.route_id)
         self._flags.__enter__()
         self._hits = torchops.backends.hits(self.route_id)
         return self
@@ -166,3 +158,48 @@ def set_routes():
     stack = contextlib.ExitStack()
     yield lambda settings: stack.enter_context(torchops.backends.flags(settings))
     stack.close()
+
+
+# TORCHOPS_ROUTE_REPORT=FILE (scripts/gpu_check.sh sets it): per route, how many tests it ran in passed and failed,
+# written as JSON at the end of the session (FILE.<worker> under pytest-xdist), so that a GPU run says which routes
+# can be marked verified.
+_ROUTE_REPORT = os.environ.get("TORCHOPS_ROUTE_REPORT")
+_route_outcomes = {}
+
+
+def _route_hits():
+    return {r["id"]: r["hits"] for r in torchops.backends.routes()}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if not _ROUTE_REPORT:
+        yield
+        return
+    before = _route_hits()
+    yield
+    after = _route_hits()
+    item._torchops_routes_ran = [r for r, n in after.items() if n > before.get(r, 0)]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _ROUTE_REPORT and report.when == "call":
+        for route in getattr(item, "_torchops_routes_ran", []):
+            entry = _route_outcomes.setdefault(route, {"passed": 0, "failed": 0, "failed_tests": []})
+            if report.passed:
+                entry["passed"] += 1
+            elif report.failed:
+                entry["failed"] += 1
+                entry["failed_tests"].append(item.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _ROUTE_REPORT:
+        import json
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        with open(_ROUTE_REPORT + (f".{worker}" if worker else ""), "w") as f:
+            json.dump(_route_outcomes, f, indent=1)

@@ -19,7 +19,7 @@ import torch
 
 from . import cpu  # noqa: F401
 
-__all__ = ["routes", "is_enabled", "set_enabled", "flags", "hits", "format_routes", "cpu"]
+__all__ = ["routes", "is_enabled", "set_enabled", "flags", "prefer", "hits", "format_routes", "cpu"]
 
 _FIELDS = ("id", "family", "slot", "device", "name", "isa", "verified", "on", "default", "fallback", "hits",
            "covers")
@@ -91,6 +91,25 @@ def flags(settings: Optional[Dict[str, bool]] = None, **by_name: bool) -> Iterat
         with _lock:
             for route, on in saved.items():
                 set_enabled(route, on)
+
+
+def prefer(route: str):
+    """A ``flags`` context in which ``route`` runs every case it covers: it is on and the routes before it in its
+    slot are off (e.g. ``prefer("cudnn_rnn.cpu.loops")`` runs the time loops instead of oneDNN)."""
+    rs = routes()
+    me = next((r for r in rs if r["id"] == route), None)
+    if me is None:
+        set_enabled(route, True)  # raises the ValueError that lists the known routes
+    settings = {}
+    for r in rs:
+        if (r["family"], r["slot"], r["device"]) != (me["family"], me["slot"], me["device"]):
+            continue
+        if r["id"] == route:
+            if not r["fallback"]:
+                settings[route] = True
+            break
+        settings[r["id"]] = False
+    return flags(settings)
 
 
 def _route_on(route: str) -> bool:
