@@ -109,8 +109,7 @@ struct Kernels {
 
 // The family's routes (block_rnn/routes.cpp).
 namespace route {
-extern routes::Route cpu_avx512, cpu_avx2, cpu_default;
-extern const routes::Route* const cpu_step_kernels[3];  // best first
+extern routes::CapabilityRoutes cpu_step_kernels;
 extern routes::Route cuda_persistent, cuda_steps;
 }  // namespace route
 

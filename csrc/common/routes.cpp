@@ -152,6 +152,15 @@ Route::Route(const char* family, const char* slot, const char* name, c10::Device
   r.routes.push_back(this);
 }
 
+CapabilityRoutes::CapabilityRoutes(const char* family, const char* slot_name)
+    : avx512(family, slot_name, "avx512", c10::DeviceType::CPU, static_cast<int>(Capability::AVX512),
+             "every case (AVX-512 build)", kCpuSuite),
+      avx2(family, slot_name, "avx2", c10::DeviceType::CPU, static_cast<int>(Capability::AVX2),
+           "every case (AVX2 + FMA build)", kCpuSuite),
+      base(family, slot_name, "default", c10::DeviceType::CPU, static_cast<int>(Capability::Default),
+           "every case (baseline x86-64 build)", kCpuSuite),
+      slot{&avx512, &avx2, &base} {}
+
 std::vector<Route*> all() {
   Registry& r = registry();
   std::vector<Route*> out;

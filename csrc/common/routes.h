@@ -77,6 +77,17 @@ class Route {
   mutable std::atomic<int64_t> hits_{0};
 };
 
+// Where the CPU routes are verified: they run in every CI run of the test suite.
+constexpr const char* kCpuSuite = "CPU test suite (CI)";
+
+// The three CPU capability routes of a kernel slot ("<family>.cpu.avx512", ".avx2", ".default"), best first in
+// `slot`, for TORCHOPS_ISA_PICK.
+struct CapabilityRoutes {
+  CapabilityRoutes(const char* family, const char* slot_name);
+  Route avx512, avx2, base;
+  const Route* const slot[3];
+};
+
 // Every route, in registration order (each family's slots in its routes.cpp order).
 std::vector<Route*> all();
 // The route with this id, or a ValueError that lists the known ones.

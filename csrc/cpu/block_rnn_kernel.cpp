@@ -43,7 +43,7 @@ using opm = at::opmath_type<T>;
 #undef TORCHOPS_ISA_AVX512
 #undef TORCHOPS_ISA_SELF
 
-#define TORCHOPS_PICK(...) TORCHOPS_ISA_PICK(route::cpu_step_kernels, __VA_ARGS__)
+#define TORCHOPS_PICK(...) TORCHOPS_ISA_PICK(route::cpu_step_kernels.slot, __VA_ARGS__)
 
 // ------------------------------------------------------------------------------------------------
 // GRU

@@ -28,7 +28,7 @@ namespace {
 #undef TORCHOPS_ISA_SELF
 
 // The build for the capability in use, by the gate kernels' routes.
-#define TORCHOPS_PICK(...) TORCHOPS_ISA_PICK(route::cpu_gate_kernels, __VA_ARGS__)
+#define TORCHOPS_PICK(...) TORCHOPS_ISA_PICK(route::cpu_gate_kernels.slot, __VA_ARGS__)
 
 constexpr int64_t kGrainElems = 4096;
 inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(n, 1)); }

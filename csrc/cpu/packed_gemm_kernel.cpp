@@ -25,7 +25,7 @@ namespace {
 namespace gemm_route {
 
 using routes::Capability;
-constexpr const char* kCpuSuite = "CPU test suite (CI)";
+using routes::kCpuSuite;
 
 routes::Route packed_avx512{"rnn", "recurrent_gemm", "packed_avx512", c10::DeviceType::CPU,
                              static_cast<int>(Capability::AVX512),

@@ -123,8 +123,7 @@ using Str = c10::string_view;
 // The family's routes (cudnn_rnn/routes.cpp).
 namespace route {
 extern routes::Route cpu_onednn, cpu_loops, cuda_cudnn, cuda_loops;
-extern routes::Route cpu_avx512, cpu_avx2, cpu_default;
-extern const routes::Route* const cpu_gate_kernels[3];  // best first
+extern routes::CapabilityRoutes cpu_gate_kernels;
 }  // namespace route
 
 // Forward ops (version 1, 2, 3). V1/V2 pass an undefined sequence_lengths, num_proj 0, time_major true.

@@ -6,11 +6,10 @@ namespace crnn {
 namespace route {
 
 using c10::DeviceType;
-using routes::Capability;
+using routes::kCpuSuite;
 using routes::kNoCapability;
 using routes::Route;
 
-constexpr const char* kCpuSuite = "CPU test suite (CI)";
 constexpr const char* kH200 = "NVIDIA H200, torch 2.11, 2026-11-26";
 
 // The whole op (forward and its backward).
@@ -28,13 +27,7 @@ Route cuda_loops{"cudnn_rnn", "sequence", "loops", DeviceType::CUDA, kNoCapabili
                  "every case (cuBLAS GEMMs and fused gate kernels)", kH200};
 
 // The per-step gate kernels of the CPU loops, per capability.
-Route cpu_avx512{"cudnn_rnn", "gate_kernels", "avx512", DeviceType::CPU, static_cast<int>(Capability::AVX512),
-                 "every case (AVX-512 build)", kCpuSuite};
-Route cpu_avx2{"cudnn_rnn", "gate_kernels", "avx2", DeviceType::CPU, static_cast<int>(Capability::AVX2),
-               "every case (AVX2 + FMA build)", kCpuSuite};
-Route cpu_default{"cudnn_rnn", "gate_kernels", "default", DeviceType::CPU, static_cast<int>(Capability::Default),
-                  "every case (baseline x86-64 build)", kCpuSuite};
-const Route* const cpu_gate_kernels[3] = {&cpu_avx512, &cpu_avx2, &cpu_default};
+routes::CapabilityRoutes cpu_gate_kernels{"cudnn_rnn", "gate_kernels"};
 
 }  // namespace route
 }  // namespace crnn

@@ -7,10 +7,10 @@ namespace route {
 
 using c10::DeviceType;
 using routes::Capability;
+using routes::kCpuSuite;
 using routes::kNoCapability;
 using routes::Route;
 
-constexpr const char* kCpuSuite = "CPU test suite (CI)";
 constexpr const char* kH100 = "NVIDIA H100, torch 2.11, 2026-11-26";
 
 // CPU: the loops per capability (the AVX-512 capability runs the AVX2 build: 32-byte vectors gain nothing from it).
