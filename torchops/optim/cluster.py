@@ -232,7 +232,8 @@ class _Server:
         self.frame_limit = 8 * sum(p.numel() for p in opt.params) + 64 * len(opt.params) + (1 << 20) + param_bytes
         port = 0 if cfg.agent_store else cfg.master_port
         self.listener = _listen(cfg.bind_address, port)
-        self.port = self.listener.getsockname()[1]
+        host, self.port = self.listener.getsockname()[:2]
+        self.address = f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
         self.threads: List[threading.Thread] = []
         self.acceptor = threading.Thread(target=self._accept_loop, name="sync-replicas-accept", daemon=True)
 
@@ -628,7 +629,7 @@ def run_sync_replicas(model_fn: Callable[[], nn.Module], optimizer_fn: Callable[
                               applied_gradients=s["applied"], pushes_per_worker=list(server.pushes),
                               seconds=time.monotonic() - t0, contributors=[list(c) for c in server.contributors],
                               stale_per_worker=list(server.stale), joins_per_worker=list(server.joins),
-                              resumed_from=resumed)
+                              resumed_from=resumed, server_address=server.address)
 
 
 # --------------------------------------------------------------------- train_sync_replicas(mode="processes")

@@ -13,6 +13,7 @@
 
 See docs/accumulator.md.
 """
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -171,7 +172,8 @@ class SyncReplicasOptimizer:
         counts. Gradients accumulated for the current round are not part of it (a resumed run collects
         that round again)."""
         with self._cond:
-            return {"global_step": self._global_step, "optimizer": self.optimizer.state_dict(),
+            # (a snapshot: the optimizer's own state_dict shares its state tensors, which the next step updates)
+            return {"global_step": self._global_step, "optimizer": copy.deepcopy(self.optimizer.state_dict()),
                     "counts": {"pushes": self.pushes, **{k: v for k, v in self.stats().items() if k in self._base}}}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -218,6 +220,7 @@ class SyncReplicasResult:
     stale_per_worker: List[int] = field(default_factory=list)
     joins_per_worker: List[int] = field(default_factory=list)
     resumed_from: int = 0
+    server_address: str = ""         # where rank 0 listened (host:port)
 
 
 def _grads_of(model: nn.Module, loss_fn: Callable, batch) -> List[Optional[Tensor]]:
