@@ -44,6 +44,11 @@ def rotating_schedule(step):
     return [step % 3, (step + 1) % 3]
 
 
+def rejoin_schedule(step):
+    """Worker 2 is needed at every odd step: a step after its death waits for its restart."""
+    return [0, 1] if step % 2 == 0 else [1, 2]
+
+
 def slow_worker_2(worker, step):
     """Worker 2 straggles: its gradients arrive after the other two were aggregated (stale)."""
     return 0.4 if worker == 2 else 0.0

@@ -8,13 +8,12 @@
   fresh ones), applies it with the wrapped optimizer and advances the global step. Gradients computed at an
   older step are dropped by the accumulators (they bump their step on each take) and counted as stale.
 * `train_sync_replicas(...)`: a driver running the whole pattern with worker threads in one process or with
-  worker processes talking to the parameter server (this process) through `torch.distributed.rpc`.
+  worker processes (the networked path of `torchops.optim.cluster.run_sync_replicas`, which also runs under
+  torchrun across machines).
 
 See docs/accumulator.md.
 """
-import os
-import signal
-import socket
+import copy
 import threading
 import time
 from dataclasses import dataclass, field
@@ -23,7 +22,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor, nn
 
-from .accumulator import ConditionalAccumulator
+from ..accumulator import ConditionalAccumulator
 
 __all__ = ["SyncReplicasOptimizer", "SyncReplicasResult", "train_sync_replicas"]
 
@@ -58,6 +57,10 @@ class SyncReplicasOptimizer:
         self._global_step = 0
         self._closed = False
         self.pushes = 0
+        self._base = {"applied": 0, "dropped_stale": 0, "takes": 0}  # counts carried over by load_state_dict
+        self._round: List[Any] = []  # tags of the fresh pushes of the current round
+        self.last_contributors: List[Any] = []  # tags of the pushes the last step aggregated
+        self.stale_by_tag: Dict[Any, int] = {}  # stale pushes per tag
 
     # ------------------------------------------------------------------------------------- workers
     @property
@@ -83,10 +86,11 @@ class SyncReplicasOptimizer:
             with torch.no_grad():
                 return self._global_step, [p.detach().clone() for p in self.params], self._closed
 
-    def apply_gradients(self, grads: Sequence[Optional[Tensor]], local_step: int) -> bool:
+    def apply_gradients(self, grads: Sequence[Optional[Tensor]], local_step: int, tag: Any = None) -> bool:
         """Pushes one replica's gradients computed at `local_step` (None: zeros). Stale ones are dropped by the
         accumulators (and counted). Returns False, doing nothing, once the optimizer is closed (a worker racing
-        the end of training)."""
+        the end of training). `tag` (e.g. the worker's index) lands in `last_contributors` of the step that
+        aggregates this push."""
         if len(grads) != len(self.params):
             raise ValueError(f"apply_gradients: expected {len(self.params)} gradients, got {len(grads)}")
         if self._closed:
@@ -95,6 +99,7 @@ class SyncReplicasOptimizer:
         # so a gradient is either aggregated for all parameters or dropped as stale for all of them.
         with self._push_lock:
             try:
+                fresh = local_step >= self._accums[0].global_step()
                 for acc, p, g in zip(self._accums, self.params, grads):
                     if g is None:
                         g = torch.zeros_like(p)
@@ -103,6 +108,10 @@ class SyncReplicasOptimizer:
                 if self._closed:
                     return False
                 raise
+            if fresh:
+                self._round.append(tag)
+            else:
+                self.stale_by_tag[tag] = self.stale_by_tag.get(tag, 0) + 1
         with self._cond:
             self.pushes += 1
             self._cond.notify_all()
@@ -119,6 +128,7 @@ class SyncReplicasOptimizer:
             with self._push_lock:  # (no push half-way through the accumulators)
                 if self._accums[0].num_accumulated() >= self.replicas_to_aggregate:
                     grads = [acc.take_grad(self.replicas_to_aggregate, timeout=0) for acc in self._accums]
+                    self.last_contributors, self._round = self._round, []
                     break
             with self._cond:
                 left = None if deadline is None else deadline - time.monotonic()
@@ -143,14 +153,45 @@ class SyncReplicasOptimizer:
             self._cond.notify_all()
             return self._global_step
 
+    def pending_tags(self) -> List[Any]:
+        """Tags of the fresh pushes waiting for the next step."""
+        with self._push_lock:
+            return list(self._round)
+
     def stale_gradients(self) -> int:
         """Pushes dropped as stale (every accumulator drops each stale push; counted once)."""
-        return self._accums[0].stats()["dropped_stale"]
+        return self.stats()["dropped_stale"]
 
     def stats(self) -> Dict[str, int]:
         s = self._accums[0].stats()
-        return {"global_step": self.global_step, "pushes": self.pushes, "applied": s["applied"],
-                "dropped_stale": s["dropped_stale"], "takes": s["takes"]}
+        return {"global_step": self.global_step, "pushes": self.pushes,
+                **{k: self._base[k] + s[k] for k in ("applied", "dropped_stale", "takes")}}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The chief's state besides the parameters: the global step, the wrapped optimizer's state and the
+        counts. Gradients accumulated for the current round are not part of it (a resumed run collects
+        that round again)."""
+        with self._cond:
+            # (a snapshot: the optimizer's own state_dict shares its state tensors, which the next step updates)
+            return {"global_step": self._global_step, "optimizer": copy.deepcopy(self.optimizer.state_dict()),
+                    "counts": {"pushes": self.pushes, **{k: v for k, v in self.stats().items() if k in self._base}}}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Restores `state_dict()` (on a fresh optimizer whose parameters were restored too): the accumulators
+        then accept gradients from the restored step on."""
+        step = state["global_step"]
+        if not isinstance(step, int) or step < 0:
+            raise ValueError(f"load_state_dict: global_step must be an int >= 0, got {step!r}")
+        with self._cond:
+            self.optimizer.load_state_dict(state["optimizer"])
+            counts = state.get("counts", {})
+            self.pushes = int(counts.get("pushes", 0))
+            s = self._accums[0].stats()
+            self._base = {k: int(counts.get(k, 0)) - s[k] for k in self._base}
+            self._global_step = step
+            for acc in self._accums:
+                acc.set_global_step(step)
+            self._cond.notify_all()
 
     def close(self) -> None:
         """Wakes every waiting worker (pull returns closed=True) and fails a blocked chief step."""
@@ -173,6 +214,13 @@ class SyncReplicasResult:
     pushes_per_worker: List[int] = field(default_factory=list)
     worker_exitcodes: List[Optional[int]] = field(default_factory=list)  # process mode
     seconds: float = 0.0
+    # networked runs (process mode, run_sync_replicas): per step the workers whose gradients it aggregated,
+    # stale pushes and connections (joins, re-joins after a restart) per worker, the step resumed from
+    contributors: List[List[int]] = field(default_factory=list)
+    stale_per_worker: List[int] = field(default_factory=list)
+    joins_per_worker: List[int] = field(default_factory=list)
+    resumed_from: int = 0
+    server_address: str = ""         # where rank 0 listened (host:port)
 
 
 def _grads_of(model: nn.Module, loss_fn: Callable, batch) -> List[Optional[Tensor]]:
@@ -237,11 +285,10 @@ def train_sync_replicas(model_fn: Callable[[], nn.Module], optimizer_fn: Callabl
       `data_shards[w][s % len(data_shards[w])]` (so a run is reproducible whatever the timing).
     * Each chief step applies the mean of the first `replicas_to_aggregate` fresh gradients (all fresh ones
       that arrived before the take); gradients computed at an older step are dropped and counted.
-    * `mode="threads"`: workers are threads sharing the parameter server object. `mode="processes"`: workers
-      are processes (torch.multiprocessing spawn) that pull parameters from and push gradients to this
-      parameter-server process through `torch.distributed.rpc` (TensorPipe on localhost, a free TCP port).
-      Every run spawns fresh processes (one parameter server running the chief, one per worker); this process
-      only waits for the result. `model_fn`, `optimizer_fn`, `loss_fn`, `data_shards`, `on_step`,
+    * `mode="threads"`: workers are threads sharing the parameter server object. `mode="processes"`: every run
+      spawns fresh processes (torch.multiprocessing spawn) running `torchops.optim.run_sync_replicas` as rank 0
+      (the parameter server and chief) and ranks 1..num_workers, on 127.0.0.1 with a free TCP port; this
+      process only waits for the result. `model_fn`, `optimizer_fn`, `loss_fn`, `data_shards`, `on_step`,
       `worker_delay` and `schedule` must then be picklable (top-level callables).
     * `on_step(global_step, info)` runs on the chief after each update (in process mode: in the parameter-server
       process); `info` has "stale_gradients", "applied_gradients", "pushes", "model" and `kill_worker(w)`
@@ -273,11 +320,10 @@ def train_sync_replicas(model_fn: Callable[[], nn.Module], optimizer_fn: Callabl
                                          worker_delay, schedule, timeout)
         s = opt.stats()
     else:
-        state, s, pushes, exitcodes = _run_processes(model_fn, optimizer_fn, loss_fn, data_shards, num_workers,
-                                                     replicas_to_aggregate, num_steps, on_step, worker_delay,
-                                                     schedule, timeout)
-        model = model_fn()
-        model.load_state_dict(state)
+        from .cluster import _run_processes
+
+        return _run_processes(model_fn, optimizer_fn, loss_fn, data_shards, num_workers, replicas_to_aggregate,
+                              num_steps, on_step, worker_delay, schedule, timeout)
     return SyncReplicasResult(model=model, state_dict={k: v.detach().clone() for k, v in model.state_dict().items()},
                               global_steps=s["global_step"], stale_gradients=s["dropped_stale"],
                               applied_gradients=s["applied"], pushes_per_worker=pushes, worker_exitcodes=exitcodes,
@@ -336,166 +382,3 @@ def _run_threads(model, opt, model_fn, loss_fn, data_shards, num_workers, num_st
     return [None] * num_workers, pushes
 
 
-# ------------------------------------------------------------------------------------- process mode
-#
-# Every run gets fresh processes: a parameter-server process (RPC rank 0, "ps": the master model, its
-# optimizer and the accumulators, running the chief loop) and one process per worker (ranks 1..n). The caller's
-# process only starts them, waits for the result and tears everything down, so it never initialises RPC itself
-# (torch.distributed.rpc cannot be re-initialised reliably in one process) and a dead worker or server can never
-# leave it hanging.
-
-_SERVER: Optional[SyncReplicasOptimizer] = None
-_PUSHES: List[int] = []
-_BYES: set = set()
-
-
-# RPC messages carry CPU tensors only: TensorPipe refuses CUDA tensors without device maps, and it refuses them
-# on the server's reply thread, where the error never reaches the worker (whose pull would then wait forever).
-def _rpc_pull(worker: int, last: int):
-    step, params, done = _SERVER.pull(last, timeout=None)
-    return step, [p.cpu() for p in params], done
-
-
-def _rpc_push(worker: int, step: int, grads):
-    if _SERVER.apply_gradients(grads, local_step=step):
-        _PUSHES[worker] += 1
-
-
-def _rpc_bye(worker: int):
-    with _SERVER._cond:
-        _BYES.add(worker)
-        _SERVER._cond.notify_all()
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rpc_options(port: int, num_workers: int, timeout: float):
-    from torch.distributed import rpc
-
-    return rpc.TensorPipeRpcBackendOptions(init_method=f"tcp://127.0.0.1:{port}",
-                                           num_worker_threads=max(16, 2 * num_workers + 4), rpc_timeout=timeout,
-                                           _transports=["uv"])
-
-
-def _process_worker(rank: int, model_fn, loss_fn, data_shards, schedule, worker_delay, port, num_workers,
-                    timeout) -> None:
-    """Worker process `rank` (0-based): RPC rank rank + 1; the parameter server is rank 0 ("ps")."""
-    from torch.distributed import rpc
-
-    torch.set_num_threads(1)
-    rpc.init_rpc(f"worker{rank}", rank=rank + 1, world_size=num_workers + 1,
-                 rpc_backend_options=_rpc_options(port, num_workers, timeout))
-    try:
-        model = model_fn()
-
-        def pull(w, last):
-            # (the server's pull blocks until the next token: no RPC timeout on it)
-            return rpc.rpc_sync("ps", _rpc_pull, args=(w, last), timeout=0)
-
-        def push(w, step, grads):
-            rpc.rpc_sync("ps", _rpc_push, args=(w, step, [None if g is None else g.cpu() for g in grads]))
-
-        _worker_loop(rank, model, loss_fn, data_shards[rank], pull, push, schedule, worker_delay, lambda: True)
-        try:
-            rpc.rpc_sync("ps", _rpc_bye, args=(rank,), timeout=10)
-        except Exception:
-            pass
-    finally:
-        rpc.shutdown(graceful=False)
-
-
-def _ps_process(model_fn, optimizer_fn, num_workers, replicas_to_aggregate, num_steps, on_step, port, timeout,
-                worker_pids, results) -> None:
-    """The parameter server / chief process: runs the chief loop, then sends (state_dict bytes, stats, pushes,
-    error) to the caller."""
-    import io
-
-    from torch.distributed import rpc
-
-    global _SERVER, _PUSHES
-    torch.set_num_threads(1)
-    model = model_fn()
-    opt = SyncReplicasOptimizer(optimizer_fn(model.parameters()), replicas_to_aggregate, num_workers)
-    _SERVER, _PUSHES = opt, [0] * num_workers
-    killed = set()
-
-    def kill_worker(w):
-        killed.add(w)
-        try:
-            os.kill(worker_pids[w], signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-    error = None
-    rpc.init_rpc("ps", rank=0, world_size=num_workers + 1, rpc_backend_options=_rpc_options(port, num_workers, timeout))
-    try:
-        _chief_loop(model, opt, num_steps, on_step, kill_worker, timeout)
-    except BaseException as e:  # noqa: B902  (carried to the caller)
-        error = e
-    finally:
-        opt.close()  # pending pulls return done=True: the live workers say bye and exit
-        with opt._cond:
-            opt._cond.wait_for(lambda: _BYES | killed >= set(range(num_workers)), min(timeout, 30.0))
-        time.sleep(0.2)  # (let the last replies leave)
-        buf = io.BytesIO()
-        torch.save(model.state_dict(), buf)
-        try:
-            results.put((buf.getvalue(), opt.stats(), list(_PUSHES), error))
-        except Exception as e:  # e.g. an unpicklable exception
-            results.put((buf.getvalue(), opt.stats(), list(_PUSHES), RuntimeError(repr(error) + f" ({e!r})")))
-        rpc.shutdown(graceful=False)
-
-
-def _run_processes(model_fn, optimizer_fn, loss_fn, data_shards, num_workers, replicas_to_aggregate, num_steps,
-                   on_step, worker_delay, schedule, timeout):
-    import io
-    import queue as queue_mod
-
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    port = _free_port()
-    results = ctx.Queue()
-    workers = [ctx.Process(target=_process_worker, args=(w, model_fn, loss_fn, data_shards, schedule, worker_delay,
-                                                         port, num_workers, timeout), daemon=True)
-               for w in range(num_workers)]
-    procs = list(workers)
-    try:
-        for p in workers:
-            p.start()
-        ps = ctx.Process(target=_ps_process, args=(model_fn, optimizer_fn, num_workers, replicas_to_aggregate,
-                                                    num_steps, on_step, port, timeout, [p.pid for p in workers],
-                                                    results), daemon=True)
-        procs.append(ps)
-        ps.start()
-        # Bound: start-up, then at most `timeout` per step (the chief's own bound), then shutdown.
-        deadline = time.monotonic() + 2 * timeout + num_steps * timeout
-        got = None
-        while got is None:
-            try:
-                got = results.get(timeout=0.5)
-            except queue_mod.Empty:
-                if not ps.is_alive():
-                    raise RuntimeError(f"train_sync_replicas: the parameter-server process died (exit code "
-                                       f"{ps.exitcode}) without a result") from None
-                if time.monotonic() > deadline:
-                    raise TimeoutError("train_sync_replicas: no result from the parameter-server process in time")
-        state_bytes, stats, pushes, error = got
-        end = time.monotonic() + min(timeout, 30.0)
-        for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        for p in procs:
-            if p.pid is not None:
-                p.join(10)
-    if error is not None:
-        raise error
-    state = torch.load(io.BytesIO(state_bytes), weights_only=True)
-    return state, stats, pushes, [p.exitcode for p in workers]
