@@ -70,25 +70,24 @@ class _Body:
         return record
 
 
-def _value(name: str, like) -> ir.Value:
-    return ir.Value(name=name, type=ir.TensorType(like.dtype), shape=ir.Shape([None] * len(like.shape))
-                    if like.shape is not None else None)
-
-
-def loop(trip_count, carried: List, body_fn: Callable, num_scan: int) -> List:
+def loop(trip_count, carried: List, body_fn: Callable, num_scan: int, dtype: ir.DataType) -> List:
     """An ONNX Loop of `trip_count` (0-d int64) iterations. `body_fn(b, t, *carried)` builds one iteration with
     `b` (see `_Body`) from the iteration number `t` (0-d int64) and returns `(new_carried, scanned)`; the Loop
-    returns the final carried values followed by the scanned values stacked on a new leading axis."""
+    returns the final carried values (each of `dtype`) followed by the scanned values stacked on a new leading
+    axis."""
     n = next(_names)
     b = _Body()
     t = ir.Value(name=f"torchops_loop{n}_t", type=ir.TensorType(ir.DataType.INT64), shape=ir.Shape([]))
     cond = ir.Value(name=f"torchops_loop{n}_cond", type=ir.TensorType(ir.DataType.BOOL), shape=ir.Shape([]))
-    state = [_value(f"torchops_loop{n}_state{i}", v) for i, v in enumerate(carried)]
+    state = [ir.Value(name=f"torchops_loop{n}_state{i}", type=ir.TensorType(dtype)) for i in range(len(carried))]
     new_state, scanned = body_fn(b, t, *state)
     if len(scanned) != num_scan:
         raise AssertionError(f"loop body returned {len(scanned)} scanned values, expected {num_scan}")
     # A body output must be produced inside the body, hence the Identity nodes.
     outputs = [b.Identity(cond)] + [b.Identity(v) for v in list(new_state) + list(scanned)]
+    # Unique names: the exporter names only the main graph's values, and ONNX wants one name per value.
+    for k, value in enumerate(v for node in b.tape.nodes for v in node.outputs):
+        value.name = f"torchops_loop{n}_v{k}"
     body = ir.Graph([t, cond] + state, outputs, nodes=b.tape.nodes, name=f"torchops_loop{n}_body")
     tracer = onnxscript.evaluator.default()
     true = op.Constant(value=ir.tensor(True))

@@ -120,7 +120,7 @@ def _block_lstm(seq_len_max, x, cs_prev, h_prev, w, wci, wcf, wco, b, forget_bia
         outs = _lstm_step(E, x_t, cs, h, w, b_eff, wci, wcf, wco, use_peephole, clip, consts)
         return (outs[1], outs[6]), outs
 
-    _, _, *seqs = loop(op.Squeeze(steps, ints([0])), [cs_prev, h_prev], body, 7)
+    _, _, *seqs = loop(op.Squeeze(steps, ints([0])), [cs_prev, h_prev], body, 7, x.dtype)
     # Steps at t >= seq_len_max are zeros: pad the scanned [steps, B, C] outputs to [T, B, C].
     pads = op.Concat(ints([0, 0, 0]), op.Sub(T, steps), ints([0, 0]), axis=0)
     return tuple(op.Pad(s, pads) for s in seqs)

@@ -74,7 +74,7 @@ def _direction_weights(P: _Params, pl: int, order, skip_layer: bool, H: int, ref
     return W, R, B
 
 
-def _projected_lstm_direction(xw, R, proj, h0, c0, valid, H: int):
+def _projected_lstm_direction(xw, R, proj, h0, c0, valid, H: int, dtype):
     """One direction of an LSTM with projection as a Loop. `xw` [T, B, 4H] holds `W x + b_W + b_R` (gates
     i, f, c, o), `valid` [T, B, 1] (bool) which steps are inside the sequence. Returns (y [T, B, P], h, c)."""
     Rt, Pt = op.Transpose(R), op.Transpose(proj)
@@ -91,7 +91,7 @@ def _projected_lstm_direction(xw, R, proj, h0, c0, valid, H: int):
         return (E.Where(v, h_new, h), E.Where(v, c_new, c)), (E.Where(v, h_new, zero),)
 
     steps = op.Squeeze(dim(xw, 0), ints([0]))
-    h, c, y = loop(steps, [h0, c0], body, 1)
+    h, c, y = loop(steps, [h0, c0], body, 1, dtype)
     return y, h, c
 
 
@@ -102,15 +102,16 @@ def _cudnn_rnn(name, x, h0, c0, params, lengths, rnn_mode, input_mode, direction
     if direction not in ("unidirectional", "bidirectional"):
         raise ExportError(f"{name}: direction must be 'unidirectional' or 'bidirectional', got {direction!r}")
     lstm = rnn_mode == "lstm"
+    dtype = x.dtype
     D = 2 if direction == "bidirectional" else 1
+    I = static_dim(x, 2, f"{name}: input_size (input.shape[2])")
+    LD = static_dim(h0, 0 if time_major else 1, f"{name}: num_layers * num_dirs (input_h's layer axis)")
+    O = static_dim(h0, 2, f"{name}: the state width (input_h.shape[2])")
+    H = static_dim(c0, 2, f"{name}: num_units (input_c.shape[2])") if lstm else O
     if not time_major:
         x, h0 = op.Transpose(x, perm=[1, 0, 2]), op.Transpose(h0, perm=[1, 0, 2])
         if lstm:
             c0 = op.Transpose(c0, perm=[1, 0, 2])
-    I = static_dim(x, 2, f"{name}: input_size (input.shape[2])")
-    LD = static_dim(h0, 0, f"{name}: num_layers * num_dirs (input_h's layer axis)")
-    O = static_dim(h0, 2, f"{name}: the state width (input_h.shape[2])")
-    H = static_dim(c0, 2, f"{name}: num_units (input_c.shape[2])") if lstm else O
     L = LD // D
     if is_training and dropout > 0 and L > 1:
         raise ExportError(f"{name} with is_training=True and dropout={dropout} applies dropout between layers (a "
@@ -172,7 +173,7 @@ def _cudnn_rnn(name, x, h0, c0, params, lengths, rnn_mode, input_mode, direction
                     xw = op.ReverseSequence(xw, rev_lens, batch_axis=1, time_axis=0)
                 hd = op.Squeeze(op.Slice(h_init, ints([d]), ints([d + 1]), ints([0])), ints([0]))
                 cd = op.Squeeze(op.Slice(c_init, ints([d]), ints([d + 1]), ints([0])), ints([0]))
-                y, h_n, c_n = _projected_lstm_direction(xw, R, proj, hd, cd, valid, H)
+                y, h_n, c_n = _projected_lstm_direction(xw, R, proj, hd, cd, valid, H, dtype)
                 if d == 1:
                     y = op.ReverseSequence(y, rev_lens, batch_axis=1, time_axis=0)
                 ys.append(y)
