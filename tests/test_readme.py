@@ -3,6 +3,8 @@ import pathlib
 import re
 import runpy
 
+import pytest
+
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
 
@@ -13,11 +15,14 @@ def readme_python_blocks():
 def test_readme_has_one_python_example():
     blocks = readme_python_blocks()
     assert len(blocks) == 1, f"expected one ```python block in README.md, found {len(blocks)}"
-    for name in ("torchops.nn.BatchNorm2d", "torchops.nn.CudnnLSTM", "torch.jit.script", "torch.export"):
+    for name in ("torchops.nn.BatchNorm2d", "torchops.nn.CudnnLSTM", "torch.jit.script", "torch.export",
+                 "torchops.onnx.export"):
         assert name in blocks[0], f"the README example no longer uses {name}"
 
 
 def test_readme_example_runs(tmp_path, capsys):
+    for module in ("onnx", "onnxscript", "onnxruntime"):  # the example's ONNX export (requirements-dev.txt)
+        pytest.importorskip(module)
     # Run from a file: torch.jit.script reads the module's source with inspect.
     script = tmp_path / "readme_example.py"
     script.write_text(readme_python_blocks()[0])
