@@ -11,6 +11,7 @@ Nothing read from a file is unpickled or executed. See docs/porting.md.
 from ._table import DataLossError
 from .checkpoint import CheckpointReader, NotFoundError, list_variables, load_checkpoint
 from .keras import KerasWeights, load_keras_weights
+from . import convert  # noqa: E402,F401
 
 __all__ = ["CheckpointReader", "DataLossError", "KerasWeights", "NotFoundError", "list_variables", "load_checkpoint",
            "load_keras_weights"]

@@ -20,8 +20,12 @@ from ._table import DataLossError, read_table, read_varint
 __all__ = ["CheckpointReader", "DataLossError", "NotFoundError", "list_variables", "load_checkpoint"]
 
 
-class NotFoundError(ValueError):
-    """A tensor name (or file) that the checkpoint does not have; the message lists close matches."""
+class NotFoundError(KeyError, ValueError):
+    """A tensor name (or file) that is not there; the message lists close matches (a KeyError for lookups
+    by name, a ValueError for a bad argument)."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
 
 
 # TF DataType enum -> (name, torch dtype, item size). String tensors are returned as Python bytes.
