@@ -293,6 +293,13 @@ def test_tensorflow_written_checkpoints():
     np.testing.assert_array_equal(r.get_tensor("part").numpy(), ref["tf1/part"])
     assert ttf.list_variables(os.path.join(DATA, "tf1_partitioned")) == [("global_step", []), ("part", [10, 3]),
                                                                           ("w", [2])]
+    # a TF 2.x SavedModel directory: its variables/ bundle
+    r = ttf.load_checkpoint(os.path.join(DATA, "saved_model"))
+    for name in ("kernel/.ATTRIBUTES/VARIABLE_VALUE", "bias/.ATTRIBUTES/VARIABLE_VALUE"):
+        want = ref["saved_model/" + name.replace("/", "|")]
+        got = r.get_tensor(name)
+        assert got.dtype == {np.dtype("float32"): torch.float32, np.dtype("float64"): torch.float64}[want.dtype]
+        np.testing.assert_array_equal(got.numpy(), want)
 
 
 @pytest.mark.slow

@@ -7,6 +7,7 @@ Run once, in a separate environment with TensorFlow (never needed by the tests):
 Writes:
 * tf2_dtypes/ (tf.train.Checkpoint with every dtype), tf1_partitioned/ (TF 1.x Saver, sharded, a partitioned
   variable), tf_checkpoint_values.npz (the values, as TensorFlow reads them back);
+* saved_model/ (tf.saved_model.save of a tf.Module; its values are in tf_checkpoint_values.npz too);
 * tf1_model/ + tf1_model.npz: worked example (a), a TF 1.x graph (contrib-style fused batch norm with
   center only, then a 2-layer LSTM whose variables are those tf.contrib.cudnn_rnn's CudnnLSTM saveable
   writes, `cudnn_compatible_lstm_cell` kernels and biases), saved with Saver; inputs, TF's inference outputs
@@ -68,6 +69,26 @@ def checkpoints(values):
             os.makedirs(d, exist_ok=True)
             saver.save(s, os.path.join(d, "model.ckpt"), global_step=7, write_meta_graph=False)
             values["tf1/part"] = s.run(tf.convert_to_tensor(part))
+
+
+def saved_model(values):
+    """A TF 2.x SavedModel of a small tf.Module: its variables/ bundle has object-based names."""
+    class Dense(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.kernel = tf.Variable(tf.reshape(tf.range(6.0), [3, 2]) / 4)
+            self.bias = tf.Variable([0.5, -1.5], dtype=tf.float64)
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 3], tf.float32)])
+        def __call__(self, x):
+            return x @ self.kernel
+
+    d = os.path.join(OUT, "saved_model")
+    tf.saved_model.save(Dense(), d)
+    reader = tf.train.load_checkpoint(os.path.join(d, "variables", "variables"))
+    for name in reader.get_variable_to_shape_map():
+        if reader.get_variable_to_dtype_map()[name] != tf.string:
+            values["saved_model/" + name.replace("/", "|")] = reader.get_tensor(name)
 
 
 def tf1_model():
@@ -173,6 +194,7 @@ def keras_model():
 if __name__ == "__main__":
     values = {}
     checkpoints(values)
+    saved_model(values)
     np.savez(os.path.join(OUT, "tf_checkpoint_values.npz"), **values)
     tf1_model()
     keras_model()
