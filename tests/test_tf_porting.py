@@ -143,3 +143,22 @@ def test_keras_lstm_into_block_lstm_modules():
         back = convert.lstm_block_keras_weights(m)
         for a, b in zip(back, forward):
             close(a, b.numpy(), atol=1e-6)
+
+
+def test_the_porting_guide_examples_run_as_written(monkeypatch):
+    import re
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    text = open(os.path.join(root, "docs", "porting.md"), encoding="utf-8").read()
+    blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
+    assert len(blocks) == 2
+    monkeypatch.chdir(root)
+    refs = [np.load(os.path.join(DATA, "tf1_model.npz")), np.load(os.path.join(DATA, "keras_model.npz"))]
+    for block, ref in zip(blocks, refs):
+        scope = {}
+        exec(compile(block, "docs/porting.md", "exec"), scope)
+        with torch.no_grad():
+            out = scope["model"](torch.from_numpy(ref["x"]))
+        if isinstance(out, tuple):
+            close(out[0], ref["outputs"])
+        else:
+            close(out, ref["y"])
