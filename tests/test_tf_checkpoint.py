@@ -109,11 +109,15 @@ def test_partitioned_variable_with_missing_or_overlapping_slices(tmp_path):
     full = torch.ones(4, 2)
     r = ttf.load_checkpoint(write_checkpoint(str(tmp_path / "a"), {}, partitioned={
         "v": ([4, 2], [([(0, 2), (0, None)], full[:2])])}))
-    with pytest.raises(DataLossError, match="cover 4 of its 8 elements"):
+    with pytest.raises(DataLossError, match="its 1 slices hold 4 elements, the tensor has 8"):
         r.get_tensor("v")
     r = ttf.load_checkpoint(write_checkpoint(str(tmp_path / "b"), {}, partitioned={
-        "v": ([4, 2], [([(0, 3), (0, None)], torch.ones(3, 2)), ([(2, 2), (0, None)], full[2:])])}))
-    with pytest.raises(DataLossError, match="more than once"):
+        "v": ([4, 2], [([(0, 3), (0, None)], torch.ones(3, 2)), ([(2, 1), (0, None)], full[2:3])])}))
+    with pytest.raises(DataLossError, match="cover 6 of its 8 elements, some more than once"):
+        r.get_tensor("v")
+    r = ttf.load_checkpoint(write_checkpoint(str(tmp_path / "c"), {}, partitioned={
+        "v": ([4, 2], [([(0, 2), (0, None)], torch.ones(2, 2)), ([(2, 2), (0, None)], torch.ones(2, 2).double())])}))
+    with pytest.raises(DataLossError, match=r"has dtype enum 1 and shape \[2, 2\], expected 2 and \[2, 2\]"):
         r.get_tensor("v")
 
 
@@ -311,3 +315,42 @@ def test_the_readers_do_not_import_tensorflow():
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, 'tensorflow imported'")
     env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     subprocess.run([sys.executable, "-c", code], check=True, env=env, timeout=300)
+
+
+def test_mangled_records_give_clear_errors_only(tmp_path):
+    """Index records mangled at random (with valid block checksums, so the decoding itself is exercised) and
+    random bytes in the decoders raise DataLossError / NotFoundError / NotImplementedError, nothing else."""
+    import random
+    from torchops.tf._table import _block_entries
+    from torchops.tf.checkpoint import _parse_message
+    allowed = (DataLossError, ttf.NotFoundError, NotImplementedError)
+    rng = random.Random(0)
+    tensors = {"a": torch.arange(6.0).reshape(2, 3), "s": ((2,), [b"xy", b"z"]), "h": torch.ones(3).half()}
+    part = {"p": ([4, 2], [([(0, 2), (0, None)], torch.ones(2, 2)), ([(2, 2), (0, None)], torch.zeros(2, 2))])}
+
+    def mangle(key, entry):
+        entry = bytearray(entry)
+        for _ in range(rng.randint(1, 3)):
+            i = rng.randrange(len(entry))
+            entry[i:i + 1] = [b"", bytes([rng.randrange(256)]), bytes([entry[i], rng.randrange(256)])][rng.randrange(3)]
+        return bytes(entry)
+
+    for it in range(150):
+        prefix = write_checkpoint(str(tmp_path / f"{it % 3}" / "ck"), tensors, partitioned=part, entry_hook=mangle)
+        try:
+            r = ttf.load_checkpoint(prefix)
+        except allowed:
+            continue
+        r.get_variable_to_dtype_map()
+        for k in r.keys():
+            try:
+                r.get_tensor(k)
+            except allowed:
+                pass
+    for _ in range(2000):
+        junk = bytes(rng.randrange(256) for _ in range(rng.randint(0, 40)))
+        for decode in (_block_entries, snappy_decompress, _parse_message):
+            try:
+                decode(junk, "junk")
+            except DataLossError:
+                pass

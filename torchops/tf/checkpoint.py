@@ -7,6 +7,7 @@ holding the raw bytes. The protobuf records are decoded here field by field; not
 unpickled or executed. Every checksum is verified.
 """
 import difflib
+import math
 import os
 import re
 from typing import Dict, List, Optional, Tuple, Union
@@ -75,16 +76,29 @@ def _int64(v: int) -> int:
     return v - (1 << 64) if v >= 1 << 63 else v
 
 
-def _last(fields: Dict[int, list], field: int, default=0):
+def _last(fields: Dict[int, list], field: int, default: int = 0) -> int:
+    """An integer field's value (protobuf: the last occurrence of a scalar field wins)."""
     values = fields.get(field)
-    return values[-1] if values else default  # protobuf: the last occurrence of a scalar field wins
+    if not values:
+        return default
+    if not isinstance(values[-1], int):
+        raise DataLossError(f"protobuf field {field} should be an integer, found a length-delimited value")
+    return values[-1]
+
+
+def _messages(fields: Dict[int, list], field: int) -> List[bytes]:
+    """A message (or bytes) field's occurrences."""
+    values = fields.get(field, [])
+    if any(not isinstance(v, bytes) for v in values):
+        raise DataLossError(f"protobuf field {field} should be a message, found an integer")
+    return values
 
 
 def _parse_shape(buf: bytes, what: str) -> List[int]:
     fields = _parse_message(buf, what)
     if _last(fields, 3):
         raise DataLossError(f"{what}: tensor shape of unknown rank")
-    shape = [_int64(_last(_parse_message(d, what), 1)) for d in fields.get(2, [])]
+    shape = [_int64(_last(_parse_message(d, what), 1)) for d in _messages(fields, 2)]
     if any(d < 0 for d in shape):
         raise DataLossError(f"{what}: invalid tensor shape {shape}")
     return shape
@@ -93,9 +107,9 @@ def _parse_shape(buf: bytes, what: str) -> List[int]:
 def _parse_slice(buf: bytes, shape: List[int], what: str) -> List[Tuple[int, Optional[int]]]:
     """TensorSliceProto -> [(start, length or None for the full extent)] per dimension."""
     extents = []
-    for e in _parse_message(buf, what).get(1, []):
+    for e in _messages(_parse_message(buf, what), 1):
         f = _parse_message(e, what)
-        extents.append((_int64(_last(f, 1)), _int64(f[2][-1]) if 2 in f else None))
+        extents.append((_int64(_last(f, 1)), _int64(_last(f, 2)) if 2 in f else None))
     if len(extents) != len(shape):
         raise DataLossError(f"{what}: slice of rank {len(extents)} for a tensor of shape {shape}")
     for d, (start, length) in enumerate(extents):
@@ -109,14 +123,20 @@ class _Entry:
     __slots__ = ("dtype", "shape", "shard_id", "offset", "size", "crc32c", "slices")
 
     def __init__(self, buf: bytes, what: str):
+        try:
+            self._parse(buf, what)
+        except DataLossError as e:
+            raise e if str(e).startswith(what) else DataLossError(f"{what}: {e}") from None
+
+    def _parse(self, buf: bytes, what: str) -> None:
         f = _parse_message(buf, what)
         self.dtype = _last(f, 1)
-        self.shape = _parse_shape(f[2][-1], what) if 2 in f else []
+        self.shape = _parse_shape(_messages(f, 2)[-1], what) if 2 in f else []
         self.shard_id = _last(f, 3)
         self.offset = _int64(_last(f, 4))
         self.size = _int64(_last(f, 5))
         self.crc32c = _last(f, 6)
-        self.slices = [_parse_slice(s, self.shape, what) for s in f.get(7, [])]
+        self.slices = [_parse_slice(s, self.shape, what) for s in _messages(f, 7)]
 
 
 # -- TF's "ordered code" keys of tensor slices (saved_tensor_slice_util's EncodeTensorNameSlice) ----------------
@@ -226,7 +246,7 @@ class CheckpointReader:
         header = _parse_message(table.pop(b""), f"{index} header")
         self.num_shards = _last(header, 1)
         big_endian = _last(header, 2) == 1
-        version = _parse_message(header[3][-1], f"{index} version") if 3 in header else {}
+        version = _parse_message(_messages(header, 3)[-1], f"{index} version") if 3 in header else {}
         if _last(version, 2) > _TENSOR_BUNDLE_VERSION or _TENSOR_BUNDLE_VERSION in version.get(3, []):
             raise DataLossError(f"{index}: checkpoint format version {_last(version, 1)} needs a reader of version "
                                 f">= {_last(version, 2)}; this reader is version {_TENSOR_BUNDLE_VERSION}")
@@ -290,23 +310,34 @@ class CheckpointReader:
             return self._read(entry, name)
         if entry.dtype == _DT_STRING:
             raise DataLossError(f"tensor {name!r}: partitioned string tensors are not supported")
-        out = torch.empty(entry.shape, dtype=self._torch_dtype(entry, name))
-        covered = np.zeros(entry.shape, dtype=np.int64)
-        for extents in entry.slices:
+        dtype = self._torch_dtype(entry, name)
+        parts, total = [], 0
+        for extents in entry.slices:  # every slice entry is checked before the full tensor is allocated
             key = slice_key(name, extents)
             if key not in self._slices:
                 raise DataLossError(f"tensor {name!r}: the entry of its slice {extents} is missing from the index")
             index = tuple(slice(start, dim if length is None else start + length)
                           for (start, length), dim in zip(extents, entry.shape))
-            part = self._read(self._slices[key], f"{name} slice {extents}")
-            if list(part.shape) != list(out[index].shape) or part.dtype != out.dtype:
-                raise DataLossError(f"tensor {name!r}: slice {extents} holds {part.dtype} {list(part.shape)}, "
-                                    f"expected {out.dtype} {list(out[index].shape)}")
+            shape = [s.stop - s.start for s in index]
+            if self._slices[key].shape != shape or self._slices[key].dtype != entry.dtype:
+                raise DataLossError(f"tensor {name!r}: the entry of slice {extents} has dtype enum "
+                                    f"{self._slices[key].dtype} and shape {self._slices[key].shape}, expected "
+                                    f"{entry.dtype} and {shape}")
+            parts.append((extents, index, self._slices[key]))
+            total += math.prod(shape)
+        numel = math.prod(entry.shape)
+        if total != numel:
+            raise DataLossError(f"tensor {name!r}: its {len(entry.slices)} slices hold {total} elements, the tensor "
+                                f"has {numel}")
+        out = torch.empty(entry.shape, dtype=dtype)
+        covered = np.zeros(entry.shape, dtype=np.int8)
+        for extents, index, slice_entry in parts:
+            part = self._read(slice_entry, f"{name} slice {extents}")
             out[index] = part
             covered[index] += 1
-        if covered.size and not (covered == 1).all():
+        if covered.size and not (covered == 1).all():  # as many elements as the tensor, so overlaps leave gaps
             raise DataLossError(f"tensor {name!r}: its {len(entry.slices)} slices cover {(covered > 0).sum()} of its "
-                                f"{covered.size} elements ({(covered > 1).sum()} more than once)")
+                                f"{covered.size} elements, some more than once")
         return out
 
     def _torch_dtype(self, entry: _Entry, name: str) -> torch.dtype:
@@ -339,9 +370,7 @@ class CheckpointReader:
                                 f"{unmask(entry.crc32c):#010x}, computed {actual:#010x}): the file is corrupted")
 
     def _read(self, entry: _Entry, name: str):
-        numel = 1
-        for d in entry.shape:
-            numel *= d
+        numel = math.prod(entry.shape)
         if entry.dtype == _DT_STRING:
             return self._read_strings(entry, name, numel)
         dtype = self._torch_dtype(entry, name)

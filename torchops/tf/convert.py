@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from ..nn.block_rnn import _icfo_to_ifco, _ifco_to_icfo
 from ..nn.cudnn_rnn import _as_tensor
 from .checkpoint import NotFoundError, close_matches
 
@@ -275,16 +276,6 @@ def _lstm_block(module) -> None:
 def _icfo(module) -> bool:
     """Whether the module's gate blocks are TF's ICFO (LSTMBlockCell, BlockLSTM version 1) rather than IFCO."""
     return getattr(module, "version", 1) == 1
-
-
-def _ifco_to_icfo(t: Tensor) -> Tensor:
-    i, f, c, o = t.chunk(4, dim=-1)
-    return torch.cat([i, c, f, o], -1)
-
-
-def _icfo_to_ifco(t: Tensor) -> Tensor:
-    i, c, f, o = t.chunk(4, dim=-1)
-    return torch.cat([i, f, c, o], -1)
 
 
 def lstm_block_keras_weights(module) -> List[Tensor]:
