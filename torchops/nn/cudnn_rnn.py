@@ -18,6 +18,7 @@ Converters (exact, see docs/cudnn_rnn_nn.md):
 * `tf_checkpoint_weights()` / `load_tf_checkpoint_weights(weights)`: the TF 1.x canonical-cell format
   in which `tf.contrib.cudnn_rnn`'s saveable writes checkpoints (CudnnCompatibleLSTMCell / GRUCell /
   BasicRNNCell kernels and biases per (layer, direction)).
+  These four are aliases of the functions in `torchops.tf.convert` (see docs/porting.md).
 """
 import math
 from typing import Any, List, Optional, Sequence, Tuple
@@ -379,165 +380,27 @@ class _CudnnRNN(nn.Module):
                         d.zero_()
         return m
 
-    # -- Keras ----------------------------------------------------------------------------------------------
-
-    _keras_gate_order: List[int] = []  # Keras gate k sits at cuDNN gate _keras_gate_order[k]
+    # -- Keras and TF 1.x checkpoints: the converters live in torchops.tf.convert --------------------------
 
     def keras_weights(self) -> List[Tensor]:
-        """`[kernel [in, G*U], recurrent_kernel [O, G*U], bias]` per pseudo-layer (forward layer, then the
-        backward layer of a Keras `Bidirectional`, layer by layer), as `layer.get_weights()` lists them.
-        LSTM / SimpleRNN bias `[G*U]` = b_W + b_R (Keras has one bias; the function is the same);
-        GRU (reset_after=True) bias `[2, 3U]` = [b_W; b_R], exact."""
-        self._check_linear_input("Keras")
-        if self.num_proj:
-            raise ValueError("Keras LSTM has no projection (num_proj); cannot convert")
-        out: List[Tensor] = []
-        order = self._keras_gate_order
-        with torch.no_grad():
-            for W, R, _, bW, bR in self._per_pseudo_layer():
-                out.append(torch.cat([W[g].t() for g in order], 1).clone())
-                out.append(torch.cat([R[g].t() for g in order], 1).clone())
-                if self.rnn_mode == "gru":
-                    out.append(torch.stack([torch.cat([bW[g] for g in order]), torch.cat([bR[g] for g in order])]))
-                else:
-                    out.append(torch.cat([bW[g] + bR[g] for g in order]))
-        return out
+        """`torchops.tf.convert.cudnn_rnn_keras_weights(self)`: Keras `layer.get_weights()` lists."""
+        from ..tf import convert
+        return convert.cudnn_rnn_keras_weights(self)
 
-    @torch.no_grad()
     def load_keras_weights(self, weights: Sequence[Any]) -> None:
-        """Loads Keras `get_weights()` lists: 3 arrays per pseudo-layer (see `keras_weights`). LSTM / SimpleRNN
-        put the Keras bias into b_R and zero b_W (as Keras' own cuDNN path); GRU needs `reset_after=True`
-        (bias `[2, 3U]`; reset_after=False applies the reset gate before the matmul, which cuDNN cannot)."""
-        self._check_linear_input("Keras")
-        if self.num_proj:
-            raise ValueError("Keras LSTM has no projection (num_proj); cannot convert")
-        layers = self._per_pseudo_layer()
-        if len(weights) != 3 * len(layers):
-            raise ValueError(f"expected {3 * len(layers)} Keras arrays ([kernel, recurrent_kernel, bias] for each of "
-                             f"{len(layers)} (layer, direction) pairs), got {len(weights)}")
-        G, U = self.num_gates, self.num_units
-        order = self._keras_gate_order
-        staged = []
-        for i, (W, R, _, bW, bR) in enumerate(layers):
-            kernel, rec, bias = (_as_tensor(a, self.params) for a in weights[3 * i:3 * i + 3])
-            for name, t, rows in (("kernel", kernel, W[0].shape[1]), ("recurrent_kernel", rec, R[0].shape[1])):
-                if list(t.shape) != [rows, G * U]:
-                    raise ValueError(f"Keras {name} of (layer, direction) {i} must have shape [{rows}, {G * U}], "
-                                     f"got {list(t.shape)}")
-            if self.rnn_mode == "gru":
-                if bias.dim() == 1 and bias.numel() == G * U:
-                    raise ValueError("Keras GRU with reset_after=False (bias [3 * units]) applies the reset gate "
-                                     "before the matmul and has no cuDNN equivalent; use reset_after=True")
-                if list(bias.shape) != [2, G * U]:
-                    raise ValueError(f"Keras GRU bias of (layer, direction) {i} must have shape [2, {G * U}] "
-                                     f"(reset_after=True), got {list(bias.shape)}")
-                b_in, b_rec = bias[0], bias[1]
-            else:
-                if list(bias.shape) != [G * U]:
-                    raise ValueError(f"Keras bias of (layer, direction) {i} must have shape [{G * U}], "
-                                     f"got {list(bias.shape)}")
-                b_in, b_rec = torch.zeros_like(bias), bias
-            staged.append((kernel, rec, b_in, b_rec))
-        for (W, R, _, bW, bR), (kernel, rec, b_in, b_rec) in zip(layers, staged):
-            for k, g in enumerate(order):
-                W[g].copy_(kernel[:, k * U:(k + 1) * U].t())
-                R[g].copy_(rec[:, k * U:(k + 1) * U].t())
-                bW[g].copy_(b_in[k * U:(k + 1) * U])
-                bR[g].copy_(b_rec[k * U:(k + 1) * U])
-
-    # -- TF 1.x checkpoints (tf.contrib.cudnn_rnn saveable format) -------------------------------------------
-
-    _tf_cell_name = ""
-
-    def _tf_prefix(self, pl: int, scope: str) -> str:
-        layer, d = pl // self.num_dirs, pl % self.num_dirs
-        if self.num_dirs == 1:
-            name = f"rnn/multi_rnn_cell/cell_{layer}/{self._tf_cell_name}"
-        else:
-            name = f"stack_bidirectional_rnn/cell_{layer}/bidirectional_rnn/{'bw' if d else 'fw'}/{self._tf_cell_name}"
-        return f"{scope}/{name}" if scope else name
-
-    def _tf_pseudo_layer(self, W, R, Pm, bW, bR) -> List[Tuple[str, Tensor, str]]:
-        """(name, tensor, kind) of one pseudo-layer in TF's saveable format (kind: weight or bias)."""
-        if self.rnn_mode == "gru":  # CudnnCompatibleGRUCell: gates = [reset | update], candidate kept apart
-            return [("gates/kernel", torch.cat([torch.cat([W[g], R[g]], 1) for g in (0, 1)], 0).t(), "weight"),
-                    ("candidate/input_projection/kernel", W[2].t(), "weight"),
-                    ("candidate/hidden_projection/kernel", R[2].t(), "weight"),
-                    ("gates/bias", torch.cat([bW[0] + bR[0], bW[1] + bR[1]]), "bias"),
-                    ("candidate/input_projection/bias", bW[2], "bias"),
-                    ("candidate/hidden_projection/bias", bR[2], "bias")]
-        order = [0, 2, 1, 3] if self.rnn_mode == "lstm" else [0]  # LSTM: cuDNN i, f, c, o -> TF i, c, f, o
-        out = [("kernel", torch.cat([torch.cat([W[g], R[g]], 1) for g in order], 0).t(), "weight")]
-        if Pm is not None:
-            out.append(("projection/kernel", Pm.t(), "weight"))
-        out.append(("bias", torch.cat([bW[g] + bR[g] for g in order]), "bias"))
-        return out
+        """`torchops.tf.convert.load_cudnn_rnn_keras_weights(self, weights)`."""
+        from ..tf import convert
+        convert.load_cudnn_rnn_keras_weights(self, weights)
 
     def tf_checkpoint_weights(self, scope: str = "") -> "dict[str, Tensor]":
-        """The tensors `tf.contrib.cudnn_rnn`'s saveable (CudnnLSTMSaveable / CudnnGRUSaveable /
-        CudnnRNNTanh/ReluSaveable) writes into a TF 1.x checkpoint, by variable name, in its order (all
-        weights, then all biases; layer by layer, forward then backward). Names are
-        `[scope/]rnn/multi_rnn_cell/cell_{l}/<cell>/...` (unidirectional) or
-        `[scope/]stack_bidirectional_rnn/cell_{l}/bidirectional_rnn/{fw,bw}/<cell>/...`, with <cell>
-        `cudnn_compatible_lstm_cell` (kernel `[in + O, 4H]` gates i, c, f, o; bias `[4H]`; projection/kernel
-        `[H, P]`), `cudnn_compatible_gru_cell` (gates/kernel `[in + H, 2H]` = [reset | update], gates/bias,
-        candidate/input_projection/{kernel, bias}, candidate/hidden_projection/{kernel, bias}) or
-        `basic_rnn_cell` (kernel `[in + H, H]`, bias). Biases b_W + b_R are saved summed, as TF does."""
-        self._check_linear_input("TF's canonical cells")
-        weights, biases = {}, {}
-        with torch.no_grad():
-            for pl, layer in enumerate(self._per_pseudo_layer()):
-                prefix = self._tf_prefix(pl, scope)
-                for name, t, kind in self._tf_pseudo_layer(*layer):
-                    (weights if kind == "weight" else biases)[f"{prefix}/{name}"] = t.clone()
-        return {**weights, **biases}
+        """`torchops.tf.convert.cudnn_rnn_checkpoint_weights(self, scope)`: the TF 1.x checkpoint tensors."""
+        from ..tf import convert
+        return convert.cudnn_rnn_checkpoint_weights(self, scope)
 
-    @torch.no_grad()
     def load_tf_checkpoint_weights(self, tensors: Any, scope: str = "") -> None:
-        """Loads what `tf_checkpoint_weights` describes, from a mapping name -> array (e.g. read with
-        `tf.train.load_checkpoint(path).get_tensor`; pass the TF layer's scope). As TF's restore, summed
-        biases are split into two equal halves (b_W = b_R = bias / 2): the same function."""
-        self._check_linear_input("TF's canonical cells")
-        layers = self._per_pseudo_layer()
-        staged = []
-        for pl, layer in enumerate(layers):
-            prefix = self._tf_prefix(pl, scope)
-            for name, like, _ in self._tf_pseudo_layer(*layer):
-                key = f"{prefix}/{name}"
-                if key not in tensors:
-                    raise KeyError(f"TF checkpoint tensor {key!r} is missing")
-                t = _as_tensor(tensors[key], like)
-                if t.shape != like.shape:
-                    raise ValueError(f"TF checkpoint tensor {key!r} must have shape {list(like.shape)}, "
-                                     f"got {list(t.shape)}")
-                staged.append((pl, name, t))
-        got = {(pl, name): t for pl, name, t in staged}
-        G, H = self.num_gates, self.num_units
-        for pl, (W, R, Pm, bW, bR) in enumerate(layers):
-            win = W[0].shape[1]
-            if self.rnn_mode == "gru":
-                k = got[(pl, "gates/kernel")].t()
-                for j, g in enumerate((0, 1)):
-                    W[g].copy_(k[j * H:(j + 1) * H, :win])
-                    R[g].copy_(k[j * H:(j + 1) * H, win:])
-                    half = got[(pl, "gates/bias")][j * H:(j + 1) * H] * 0.5
-                    bW[g].copy_(half)
-                    bR[g].copy_(half)
-                W[2].copy_(got[(pl, "candidate/input_projection/kernel")].t())
-                R[2].copy_(got[(pl, "candidate/hidden_projection/kernel")].t())
-                bW[2].copy_(got[(pl, "candidate/input_projection/bias")])
-                bR[2].copy_(got[(pl, "candidate/hidden_projection/bias")])
-                continue
-            order = [0, 2, 1, 3] if self.rnn_mode == "lstm" else [0]
-            k = got[(pl, "kernel")].t()
-            for j, g in enumerate(order):
-                W[g].copy_(k[j * H:(j + 1) * H, :win])
-                R[g].copy_(k[j * H:(j + 1) * H, win:])
-                half = got[(pl, "bias")][j * H:(j + 1) * H] * 0.5
-                bW[g].copy_(half)
-                bR[g].copy_(half)
-            if Pm is not None:
-                Pm.copy_(got[(pl, "projection/kernel")].t())
+        """`torchops.tf.convert.load_cudnn_rnn_checkpoint(self, tensors, scope)`."""
+        from ..tf import convert
+        convert.load_cudnn_rnn_checkpoint(self, tensors, scope)
 
 
 class CudnnLSTM(_CudnnRNN):
@@ -557,8 +420,6 @@ class CudnnLSTM(_CudnnRNN):
 
     rnn_mode = "lstm"
     _torch_class = nn.LSTM
-    _tf_cell_name = "cudnn_compatible_lstm_cell"
-    _keras_gate_order = [0, 1, 2, 3]  # Keras i, f, c, o = cuDNN i, f, c, o
 
     def __init__(self, num_layers: int, num_units: int, input_size: int, direction: str = "unidirectional",
                  dropout: float = 0.0, seed: int = 0, time_major: bool = True, input_mode: str = "linear_input",
@@ -610,14 +471,10 @@ class CudnnGRU(_CudnnHiddenStateRNN):
 
     rnn_mode = "gru"
     _torch_class = nn.GRU
-    _tf_cell_name = "cudnn_compatible_gru_cell"
-    _keras_gate_order = [1, 0, 2]  # Keras z, r, h = cuDNN gates 1 (z), 0 (r), 2 (n)
 
 
 class _CudnnSimpleRNN(_CudnnHiddenStateRNN):
     _torch_class = nn.RNN
-    _keras_gate_order = [0]
-    _tf_cell_name = "basic_rnn_cell"
     _nonlinearity = ""
 
     def _torch_kwargs(self) -> dict:
