@@ -1,11 +1,17 @@
-"""Build torchops: one extension library, CUDA kernels included when torch has CUDA and nvcc is found.
+"""Build torchops: one extension library, CUDA kernels included where they can run.
 
 Environment:
-  TORCHOPS_WITH_CUDA=auto|0|1   auto (default): CUDA build iff torch was built with CUDA and nvcc exists.
-  TORCH_CUDA_ARCH_LIST          defaults to "8.0;9.0+PTX" when unset (no GPU is queried at build time).
+  TORCHOPS_WITH_CUDA=auto|0|1   auto (default): CUDA kernels iff torch was built with CUDA, nvcc is found and
+                                a GPU is visible or TORCH_CUDA_ARCH_LIST is set (a build machine); 1: require
+                                them (fails without nvcc); 0: CPU only.
+  TORCH_CUDA_ARCH_LIST          GPU architectures; unset: the visible GPUs' own, else "8.0;9.0+PTX".
   MAX_JOBS, DEBUG=1             parallel compile jobs; -O0 -g build.
+
+Objects are kept in build/torchops-cpu or build/torchops-cuda, so a rebuild recompiles only what changed; an
+in-place or editable build whose inputs (csrc/, setup.py, flags, torch, compiler) are unchanged is skipped.
 """
 import glob
+import hashlib
 import os
 import platform
 import shutil
@@ -43,33 +49,52 @@ def _toolkit_root(nvcc):
     return None
 
 
+def _find_nvcc():
+    nvcc = os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc") if os.environ.get("CUDA_HOME") else None
+    return nvcc if nvcc and os.path.exists(nvcc) else shutil.which("nvcc")
+
+
+def _visible_gpu_archs(torch):
+    """The compute capabilities of the visible GPUs ("9.0;8.6"), or "" when none is visible."""
+    try:
+        if not torch.cuda.is_available():
+            return ""
+        caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
+    except RuntimeError:  # a driver that cannot initialise counts as no GPU
+        return ""
+    return ";".join(f"{major}.{minor}" for major, minor in sorted(caps))
+
+
 def _configure_cuda_env():
     """Decide on a CUDA build and point torch.utils.cpp_extension at the toolkit. Must run before
-    cpp_extension is imported (it reads CUDA_HOME at import time)."""
+    cpp_extension is imported (it reads CUDA_HOME at import time). Returns (with_cuda, reason)."""
     mode = os.environ.get("TORCHOPS_WITH_CUDA", "auto").lower()
     if mode not in ("auto", "0", "1"):
         sys.exit(f"TORCHOPS_WITH_CUDA must be auto, 0 or 1, got {mode!r}")
     if mode == "0":
-        return False
+        return False, "TORCHOPS_WITH_CUDA=0"
     import torch
 
-    nvcc = None
-    if os.environ.get("CUDA_HOME"):
-        nvcc = os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")
-    nvcc = nvcc if nvcc and os.path.exists(nvcc) else shutil.which("nvcc")
-    have = torch.version.cuda is not None and nvcc is not None
-    if not have:
+    nvcc = _find_nvcc()
+    if torch.version.cuda is None or nvcc is None:
+        missing = (f"torch {torch.__version__} has no CUDA (torch.version.cuda is None)" if torch.version.cuda is None
+                   else "nvcc was not found (neither $CUDA_HOME/bin/nvcc nor on PATH)")
         if mode == "1":
-            sys.exit("TORCHOPS_WITH_CUDA=1 but torch has no CUDA (torch.version.cuda is None) or nvcc was not found")
-        return False
+            sys.exit(f"TORCHOPS_WITH_CUDA=1 but {missing}")
+        return False, f"auto: {missing}"
+    gpus = _visible_gpu_archs(torch)
+    if mode == "auto" and not gpus and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+        # Kernels that cannot run here cost most of the build time; a build machine says TORCH_CUDA_ARCH_LIST.
+        return False, "auto: no GPU visible and TORCH_CUDA_ARCH_LIST unset; TORCHOPS_WITH_CUDA=1 forces them"
     root = os.environ.get("CUDA_HOME") or _toolkit_root(nvcc)
     if root is None:
         if mode == "1":
             sys.exit(f"TORCHOPS_WITH_CUDA=1 but no CUDA toolkit root (include/cuda_runtime.h) found for {nvcc}")
-        return False
+        return False, f"auto: no CUDA toolkit root (include/cuda_runtime.h) found for {nvcc}"
     os.environ["CUDA_HOME"] = root
-    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", DEFAULT_CUDA_ARCHS)
-    return True
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", gpus or DEFAULT_CUDA_ARCHS)
+    reason = "TORCHOPS_WITH_CUDA=1" if mode == "1" else ("auto: GPU visible" if gpus else "auto: TORCH_CUDA_ARCH_LIST set")
+    return True, reason
 
 
 def _wheel_cuda_includes():
@@ -82,20 +107,40 @@ def _wheel_cuda_includes():
     return sorted(d for d in dirs if os.path.isdir(d))
 
 
-WITH_CUDA = _configure_cuda_env()
+WITH_CUDA, CUDA_REASON = _configure_cuda_env()
+print(f"torchops: CUDA kernels: {'yes' if WITH_CUDA else 'no'} ({CUDA_REASON})", file=sys.stderr)
 
 from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension  # noqa: E402
 
 
-def write_build_info():
-    """Record what the library is built against; the loader compares it with the running torch."""
+def _tool_version(command):
+    """First line of `command --version` ("" when it cannot run): part of what the library is built with."""
+    try:
+        out = subprocess.run([*command.split(), "--version"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    lines = [line.strip() for line in out.stdout.splitlines() if line.strip()]
+    release = [line for line in lines if "release" in line]  # nvcc: "Cuda compilation tools, release 13.0, V13.0.88"
+    return (release or lines or [""])[0]
+
+
+COMPILER = _tool_version(os.environ.get("CXX", "c++"))
+NVCC_VERSION = _tool_version(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")) if WITH_CUDA else ""
+
+
+def write_build_info(package_dir):
+    """Record what the library is built against, next to it; the loader compares it with the running torch and
+    `python -m torchops.info` prints it."""
     import torch
 
-    with open(os.path.join(ROOT, "torchops", "_build_info.py"), "w") as f:
+    info = {"TORCH_VERSION": torch.__version__, "WITH_CUDA": WITH_CUDA, "CUDA_REASON": CUDA_REASON,
+            "CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST") if WITH_CUDA else None,
+            "CUDA_VERSION": torch.version.cuda if WITH_CUDA else None, "NVCC": NVCC_VERSION or None,
+            "COMPILER": COMPILER or None}
+    os.makedirs(package_dir, exist_ok=True)
+    with open(os.path.join(package_dir, "_build_info.py"), "w") as f:
         f.write("# Written by setup.py at build time.\n")
-        f.write(f"TORCH_VERSION = {torch.__version__!r}\n")
-        f.write(f"WITH_CUDA = {WITH_CUDA!r}\n")
-        f.write(f"CUDA_ARCH_LIST = {os.environ.get('TORCH_CUDA_ARCH_LIST') if WITH_CUDA else None!r}\n")
+        f.writelines(f"{key} = {value!r}\n" for key, value in info.items())
 
 
 def extension():
@@ -154,13 +199,88 @@ def check_shared_libstdcxx(path):
             sys.exit(error)
 
 
+# Inputs of the build besides the sources: a change to any of them rebuilds (see BuildTorchops.build_key).
+_BUILD_ENV = ("CXX", "CC", "CFLAGS", "CXXFLAGS", "CPPFLAGS", "LDFLAGS", "DEBUG", "TORCH_CUDA_ARCH_LIST", "CUDA_HOME",
+              "NVCC_FLAGS", "NVCC_APPEND_FLAGS", "NVCC_PREPEND_FLAGS")
+
+
 class BuildTorchops(BuildExtension.with_options(no_python_abi_suffix=True)):
+    """torch's ninja build in a fixed folder under build/ (setuptools gives editable installs a fresh temporary
+    build_temp every time, so `pip install -e .` recompiled everything), skipped altogether for in-place and
+    editable builds whose inputs are unchanged."""
+
+    def finalize_options(self):
+        super().finalize_options()
+        # One folder per configuration, so that switching TORCHOPS_WITH_CUDA does not recompile the other's objects.
+        self.build_temp = os.path.join(ROOT, "build", "torchops-cuda" if WITH_CUDA else "torchops-cpu")
+
+    def build_key(self):
+        """A digest of everything the library is built from, with paths relative to the checkout (a copy of the
+        checkout elsewhere, e.g. a fresh clone given the built library, has the same key)."""
+        import torch
+
+        h = hashlib.sha256()
+        paths = ["setup.py"] + sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**"),
+                                                                                      recursive=True)
+                                      if os.path.isfile(p))
+        for rel in paths:
+            with open(os.path.join(ROOT, rel), "rb") as f:
+                h.update(rel.replace(os.sep, "/").encode() + b"\0" + hashlib.sha256(f.read()).digest())
+        settings = [torch.__version__, sys.version.split()[0], WITH_CUDA, COMPILER, NVCC_VERSION]
+        settings += [(k, os.environ.get(k)) for k in _BUILD_ENV]
+        for ext in self.extensions:
+            # (include folders resolved: a virtual environment that links to torch's site-packages is the same torch)
+            settings += [ext.name, ext.sources, [os.path.realpath(d) for d in ext.include_dirs],
+                         ext.extra_compile_args, ext.extra_link_args, ext.define_macros, ext.libraries]
+        h.update(repr(settings).replace(ROOT, "<root>").encode())
+        return h.hexdigest()
+
+    def _key_path(self, ext):
+        return self._inplace_path(ext) + ".buildkey"
+
+    def _inplace_path(self, ext):
+        return os.path.join(ROOT, *ext.name.split(".")[:-1], os.path.basename(self.get_ext_filename(ext.name)))
+
+    def run(self):
+        inplace = self.inplace or getattr(self, "editable_mode", False)
+        # In place (and editable): the checkout's torchops/; a wheel: the build folder the wheel is made from.
+        package_dir = os.path.join(ROOT, "torchops") if inplace else os.path.join(self.build_lib, "torchops")
+        key = self.build_key()
+        if inplace and all(os.path.exists(self._inplace_path(e)) and _read(self._key_path(e)) == key
+                           for e in self.extensions):
+            print(f"torchops: {', '.join(os.path.relpath(self._inplace_path(e), ROOT) for e in self.extensions)} "
+                  "is up to date (sources, flags, torch and compiler unchanged): nothing to build")
+            if not os.path.exists(os.path.join(package_dir, "_build_info.py")):
+                write_build_info(package_dir)
+            return
+        for ext in self.extensions:  # a build that stops half-way must not leave a key that claims it finished
+            if os.path.exists(self._key_path(ext)):
+                os.remove(self._key_path(ext))
+        super().run()
+        write_build_info(package_dir)
+        if inplace:
+            for ext in self.extensions:
+                with open(self._key_path(ext), "w") as f:
+                    f.write(key + "\n")
+
     def build_extension(self, ext):
         super().build_extension(ext)
         check_shared_libstdcxx(self.get_ext_fullpath(ext.name))
 
 
-write_build_info()
+def _read(path):
+    try:
+        with open(path) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def _torch_public_version():
+    import torch
+
+    return torch.__version__.split("+")[0]
+
 
 setup(
     name="torchops",
@@ -171,5 +291,6 @@ setup(
     ext_modules=[extension()],
     cmdclass={"build_ext": BuildTorchops},
     python_requires=">=3.10",
-    install_requires=["torch>=2.11"],
+    # The library links against this torch's C++ ABI: the wheel says so (the loader checks it again at import).
+    install_requires=[f"torch=={_torch_public_version()}"],
 )

@@ -4,7 +4,7 @@
 # Arguments go to the demo (e.g. `bash scripts/demo.sh --rnn lstm --processes`).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-source "$ROOT/scripts/setup_env.sh" "$ROOT/requirements-demo.txt"
+source "$ROOT/scripts/setup_env.sh" "$ROOT/requirements-dev.txt" "$ROOT/requirements-demo.txt"
 cd "$ROOT"
 echo "== python -m torchops.demo $*"
 "$PY" -m torchops.demo "$@"

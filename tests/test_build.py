@@ -69,3 +69,49 @@ def test_static_libstdcxx_detected_and_fixed_by_explicit_link(tmp_path, explicit
         assert error is None
     else:
         assert error is not None and "CXX=g++ -static-libstdc++" in error and "CXX=/usr/bin/g++" in error
+
+
+def _setup_py(env_changes, path=None):
+    """`python setup.py --version` (decides on CUDA, builds nothing) with these environment changes."""
+    env = {k: v for k, v in os.environ.items() if k not in ("TORCHOPS_WITH_CUDA", "TORCH_CUDA_ARCH_LIST")}
+    env.update(env_changes)
+    if path is not None:
+        env["PATH"] = path
+        env.pop("CUDA_HOME", None)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    return subprocess.run([sys.executable, "setup.py", "--version"], capture_output=True, text=True, cwd=root,
+                          env=env, timeout=300)
+
+
+def _nvcc_found():
+    return shutil.which("nvcc") is not None or os.path.exists(os.path.join(os.environ.get("CUDA_HOME", "/-"), "bin", "nvcc"))
+
+
+@pytest.mark.slow
+def test_setup_rejects_a_bad_cuda_mode():
+    out = _setup_py({"TORCHOPS_WITH_CUDA": "yes"})
+    assert out.returncode != 0 and "TORCHOPS_WITH_CUDA must be auto, 0 or 1, got 'yes'" in out.stderr
+
+
+@pytest.mark.slow
+def test_setup_forced_cuda_without_nvcc_fails_clearly(tmp_path):
+    out = _setup_py({"TORCHOPS_WITH_CUDA": "1"}, path=str(tmp_path))  # a PATH without nvcc
+    assert out.returncode != 0
+    assert "TORCHOPS_WITH_CUDA=1 but" in out.stderr
+    assert ("nvcc was not found" in out.stderr) is (torch.version.cuda is not None)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(torch.version.cuda is None or not _nvcc_found(), reason="needs a CUDA torch and nvcc")
+def test_setup_auto_builds_cuda_kernels_only_where_they_can_run():
+    out = _setup_py({})
+    assert out.returncode == 0, out.stderr
+    if torch.cuda.is_available():
+        assert "torchops: CUDA kernels: yes (auto: GPU visible)" in out.stderr
+    else:
+        assert "torchops: CUDA kernels: no (auto: no GPU visible and TORCH_CUDA_ARCH_LIST unset" in out.stderr
+    out = _setup_py({"TORCH_CUDA_ARCH_LIST": "9.0"})  # a build machine
+    assert out.returncode == 0, out.stderr
+    assert "torchops: CUDA kernels: yes (" in out.stderr
+    out = _setup_py({"TORCHOPS_WITH_CUDA": "0", "TORCH_CUDA_ARCH_LIST": "9.0"})
+    assert out.returncode == 0 and "torchops: CUDA kernels: no (TORCHOPS_WITH_CUDA=0)" in out.stderr

@@ -2,7 +2,9 @@
 
 Times each torchops op against the best PyTorch-native equivalent, side by side in one process, and
 prints medians and the ratio torchops/native (below 1 = torchops faster). One module per family.
-`python -m torchops.bench --markdown FILE.json [...]` prints a saved run as Markdown tables (docs/benchmarks.md).
+`python -m torchops.bench --markdown FILE.json [...]` prints a saved run as Markdown tables (docs/benchmarks.md),
+one summary table per family; `python -m torchops.bench --plot FILE.json OUT.png` draws its ratios (matplotlib).
+The columns below stay in the JSON file and the printed tables.
 `--route ROUTE` (a route id of `python -m torchops.info`) runs the chosen families twice in the process, with the
 default routes and with ROUTE preferred (torchops.backends.prefer), and prints per case `route/default`, the
 torchops side's time with the route over its time with the defaults.
@@ -42,6 +44,7 @@ from . import cudnn_rnn
 from . import accumulator
 from . import cudnn_rnn_nn
 from . import markdown
+from . import plot
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
@@ -74,9 +77,14 @@ def main(argv=None) -> int:
                    "its time over the default routes' (route/default) per case")
     p.add_argument("--markdown", nargs="+", metavar="FILE.json", default=None,
                    help="print these saved --json results as Markdown tables and exit (runs nothing)")
+    p.add_argument("--plot", nargs=2, metavar=("FILE.json", "OUT.png"), default=None,
+                   help="draw a saved --json result (per case the ratio torchops / PyTorch, one panel per family, 1.0 "
+                        "marked) into OUT.png and exit (runs nothing; needs matplotlib)")
     args = p.parse_args(argv)
     if args.markdown:
         return markdown.main(args.markdown)
+    if args.plot:
+        return plot.main(*args.plot)
     if args.repeat < 1:
         p.error(f"--repeat must be at least 1, got {args.repeat}")
     # An exact family name runs that family alone (`rnn` is the block RNN family, not every RNN family).
