@@ -11,7 +11,9 @@ End to end on scikit-learn's bundled 8x8 digits (no download):
 5. serving: the reloaded model behind torchops.nn.Batched, 16 client threads, every test image;
    accuracy equal to unbatched serving, throughput, p50/p99 latency, batch-size histogram; then the
    model exported with torch.export into an AOTInductor package, checked equal to eager and served
-   to the same clients, directly and behind torchops.nn.Batched (skipped with --no-aoti);
+   to the same clients, directly and behind torchops.nn.Batched (skipped with --no-aoti); then the model
+   exported to ONNX (torchops.onnx), checked equal to eager in ONNX Runtime and served by it to the same
+   clients (skipped, with a note, when onnx / onnxscript / onnxruntime are not installed);
 6. a summary table and a PNG (training curve, latency histograms; needs matplotlib).
 Exits non-zero, saying why, if any check fails or the accuracy target is not reached.
 """
@@ -157,6 +159,34 @@ def main(argv=None) -> int:
                                             f"(accuracy {a_unb.accuracy:.4f} / {a_bat.accuracy:.4f})"),
         ]
 
+    onnx_rows = []
+    why_not = serve.onnx_unavailable()
+    if why_not is not None:
+        print(f"ONNX: skipped ({why_not})", flush=True)
+        onnx_rows = [("ONNX Runtime", f"skipped ({why_not})")]
+    else:
+        onnx_path = os.path.join(args.out, f"digits_{args.rnn}.onnx")
+        t = time.perf_counter()
+        serve.export_onnx(model, x_test[:2], onnx_path)
+        t_onnx = time.perf_counter() - t
+        on = predict(serve.OnnxRuntimeModel(onnx_path), test_set[0])
+        d_onnx = (on - eager).abs().max().item()
+        acc_eager, acc_onnx = accuracy(eager, test_set[1]), accuracy(on, test_set[1])
+        print(f"ONNX: torchops.onnx.export -> {onnx_path} ({os.path.getsize(onnx_path) // 1024} KiB, {t_onnx:.1f} s); "
+              f"ONNX Runtime max |logit difference| {d_onnx:.1e}, test accuracy {acc_onnx:.4f} (eager "
+              f"{acc_eager:.4f})", flush=True)
+        if d_onnx > 1e-4 or acc_onnx != acc_eager:
+            fail(f"the ONNX export differs from the trained model in ONNX Runtime (max difference {d_onnx:.2e}, "
+                 f"accuracy {acc_onnx:.4f} vs {acc_eager:.4f})")
+        o = serve.serve_onnx(onnx_path, test_set, clients=args.clients)
+        print(f"serving {o.name:31s}: {len(o.latencies_us)} requests from {args.clients} threads in {o.seconds:.2f} s, "
+              f"{o.throughput:.0f} req/s, latency p50 {o.percentile(50):.0f} us / p99 {o.percentile(99):.0f} us, "
+              f"accuracy {o.accuracy:.4f}", flush=True)
+        if o.accuracy != acc_eager:
+            fail(f"serving the ONNX export gave accuracy {o.accuracy:.4f}, eager {acc_eager:.4f}")
+        onnx_rows = [("ONNX Runtime (CPU)", f"max |diff| {d_onnx:.1e}, accuracy {o.accuracy:.4f} = eager, "
+                                            f"{o.throughput:.0f} req/s unbatched")]
+
     # 6. summary
     total = time.perf_counter() - t_start
     png = os.path.join(args.out, "demo.png")
@@ -178,6 +208,7 @@ def main(argv=None) -> int:
                                    f"unbatched {unb.percentile(50):.0f} / {unb.percentile(99):.0f}"),
         ("batch sizes (size:count)", hist),
         *aoti_rows,
+        *onnx_rows,
         ("PNG", png if note is None else note),
         ("wall time", f"{total:.1f} s"),
     ]
