@@ -67,6 +67,34 @@ def fail(msg: str) -> None:
     raise SystemExit(1)
 
 
+def print_serving(results, clients: int) -> None:
+    for r in results:
+        print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {clients} threads in {r.seconds:.2f} s, "
+              f"{r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 {r.percentile(99):.0f} us, "
+              f"accuracy {r.accuracy:.4f}", flush=True)
+
+
+def check_against_eager(what: str, header: str, logits, eager, y):
+    """Prints how an exported model's logits compare with eager ones; fails unless they agree. Returns
+    (max difference, accuracy, eager accuracy)."""
+    from .model import accuracy
+
+    diff = (logits - eager).abs().max().item()
+    acc, acc_eager = accuracy(logits, y), accuracy(eager, y)
+    print(f"{header}; max |logit difference| {diff:.1e}, test accuracy {acc:.4f} (eager {acc_eager:.4f})", flush=True)
+    if diff > 1e-4 or acc != acc_eager:
+        fail(f"{what} differs from the trained model (max difference {diff:.2e}, accuracy {acc:.4f} vs "
+             f"{acc_eager:.4f})")
+    return diff, acc, acc_eager
+
+
+def check_served(results, clients: int, acc_eager: float) -> None:
+    print_serving(results, clients)
+    for r in results:
+        if r.accuracy != acc_eager:
+            fail(f"serving {r.name} gave accuracy {r.accuracy:.4f}, eager {acc_eager:.4f}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
@@ -115,10 +143,7 @@ def main(argv=None) -> int:
 
     # 5. serving
     unb, bat = serve.serve(path, test_set, args.device, clients=args.clients)
-    for r in (unb, bat):
-        print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {args.clients} threads in {r.seconds:.2f} s, "
-              f"{r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 {r.percentile(99):.0f} us, "
-              f"accuracy {r.accuracy:.4f}", flush=True)
+    print_serving((unb, bat), args.clients)
     print(f"batching statistics: {bat.batches} batches, batch sizes {bat.histogram}, queue wait p50 "
           f"{bat.queue_wait_us.get('p50', 0):.0f} us / p99 {bat.queue_wait_us.get('p99', 0):.0f} us", flush=True)
     if not torch.equal(bat.predictions, unb.predictions) or bat.accuracy != unb.accuracy:
@@ -136,22 +161,11 @@ def main(argv=None) -> int:
         t_aoti = time.perf_counter() - t
         with torch.no_grad():
             aoti = predict(serve.AOTIModule(pkg), x_test).cpu()
-        d_aoti = (aoti - eager).abs().max().item()
-        acc_eager, acc_aoti = accuracy(eager, test_set[1]), accuracy(aoti, test_set[1])
-        print(f"AOTInductor: torch.export + aoti_compile_and_package -> {pkg} ({os.path.getsize(pkg) // 1024} KiB, "
-              f"{t_aoti:.1f} s); max |logit difference| {d_aoti:.1e}, test accuracy {acc_aoti:.4f} (eager "
-              f"{acc_eager:.4f})", flush=True)
-        if d_aoti > 1e-4 or acc_aoti != acc_eager:
-            fail(f"the AOTInductor package differs from the trained model (max difference {d_aoti:.2e}, accuracy "
-                 f"{acc_aoti:.4f} vs {acc_eager:.4f})")
+        d_aoti, acc_aoti, acc_eager = check_against_eager(
+            "the AOTInductor package", f"AOTInductor: torch.export + aoti_compile_and_package -> {pkg} "
+            f"({os.path.getsize(pkg) // 1024} KiB, {t_aoti:.1f} s)", aoti, eager, test_set[1])
         a_unb, a_bat = serve.serve_aoti(pkg, test_set, args.device, clients=args.clients)
-        for r in (a_unb, a_bat):
-            print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {args.clients} threads in "
-                  f"{r.seconds:.2f} s, {r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 "
-                  f"{r.percentile(99):.0f} us, accuracy {r.accuracy:.4f}", flush=True)
-        for r in (a_unb, a_bat):
-            if r.accuracy != acc_eager:
-                fail(f"serving {r.name} gave accuracy {r.accuracy:.4f}, eager {acc_eager:.4f}")
+        check_served((a_unb, a_bat), args.clients, acc_eager)
         aoti_rows = [
             ("AOTInductor package", f"max |diff| {d_aoti:.1e}, accuracy {acc_aoti:.4f} = eager, compiled in "
                                     f"{t_aoti:.1f} s"),
@@ -170,20 +184,11 @@ def main(argv=None) -> int:
         serve.export_onnx(model, x_test[:2], onnx_path)
         t_onnx = time.perf_counter() - t
         on = predict(serve.OnnxRuntimeModel(onnx_path), test_set[0])
-        d_onnx = (on - eager).abs().max().item()
-        acc_eager, acc_onnx = accuracy(eager, test_set[1]), accuracy(on, test_set[1])
-        print(f"ONNX: torchops.onnx.export -> {onnx_path} ({os.path.getsize(onnx_path) // 1024} KiB, {t_onnx:.1f} s); "
-              f"ONNX Runtime max |logit difference| {d_onnx:.1e}, test accuracy {acc_onnx:.4f} (eager "
-              f"{acc_eager:.4f})", flush=True)
-        if d_onnx > 1e-4 or acc_onnx != acc_eager:
-            fail(f"the ONNX export differs from the trained model in ONNX Runtime (max difference {d_onnx:.2e}, "
-                 f"accuracy {acc_onnx:.4f} vs {acc_eager:.4f})")
+        d_onnx, _, acc_eager = check_against_eager(
+            "the ONNX export in ONNX Runtime", f"ONNX: torchops.onnx.export -> {onnx_path} "
+            f"({os.path.getsize(onnx_path) // 1024} KiB, {t_onnx:.1f} s), in ONNX Runtime", on, eager, test_set[1])
         o = serve.serve_onnx(onnx_path, test_set, clients=args.clients)
-        print(f"serving {o.name:31s}: {len(o.latencies_us)} requests from {args.clients} threads in {o.seconds:.2f} s, "
-              f"{o.throughput:.0f} req/s, latency p50 {o.percentile(50):.0f} us / p99 {o.percentile(99):.0f} us, "
-              f"accuracy {o.accuracy:.4f}", flush=True)
-        if o.accuracy != acc_eager:
-            fail(f"serving the ONNX export gave accuracy {o.accuracy:.4f}, eager {acc_eager:.4f}")
+        check_served((o,), args.clients, acc_eager)
         onnx_rows = [("ONNX Runtime (CPU)", f"max |diff| {d_onnx:.1e}, accuracy {o.accuracy:.4f} = eager, "
                                             f"{o.throughput:.0f} req/s unbatched")]
 
