@@ -112,6 +112,13 @@ def test_fused_batch_norm_v3_op(data_format, shape):
     _check(_RawBatchNorm(3, data_format), (torch.randn(shape),), ({0: B},), (torch.randn(run),))
 
 
+def test_fused_batch_norm_v3_op_float16():
+    """float16 input, float32 statistics: the math in float32 as the eager op, the output in float16."""
+    B, _ = _dims()
+    _check(_RawBatchNorm(3, "NHWC"), (torch.randn(2, 4, 5, 3).half(),), ({0: B},),
+           (torch.randn(5, 4, 5, 3).half(),), atol=1e-3, rtol=1e-3)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Block RNN ops and modules
 # ---------------------------------------------------------------------------------------------------------
