@@ -100,6 +100,14 @@ def test_demo_threads_short_run(tmp_path):
     assert "AOTInductor: torch.export + aoti_compile_and_package" in out
     assert "serving AOTInductor " in out and "serving AOTInductor + Batched" in out
     assert "AOTInductor serving (req/s)" in out
+    # the ONNX export: checked equal to eager in ONNX Runtime and served by it (a note when not installed)
+    from torchops.demo.serve import onnx_unavailable
+    if onnx_unavailable() is None:
+        assert os.path.exists(tmp_path / "digits_block-lstm.onnx")
+        assert "ONNX: torchops.onnx.export" in out and "serving ONNX Runtime" in out
+        assert "ONNX Runtime (CPU)" in out
+    else:
+        assert "ONNX: skipped (not installed" in out
 
 
 @pytest.mark.slow

@@ -103,12 +103,20 @@ class _RawBatchNorm(nn.Module):
                                                       self.data_format, False)
 
 
-@pytest.mark.parametrize("data_format, shape", [("NHWC", (2, 4, 5, 3)), ("NCHW", (2, 3, 4, 5)),
-                                                ("NDHWC", (2, 2, 3, 4, 3)), ("NCDHW", (2, 3, 2, 3, 4))])
+@pytest.mark.parametrize("data_format, shape", [
+    ("NHWC", (2, 4, 5, 3)), pytest.param("NCHW", (2, 3, 4, 5), marks=pytest.mark.slow),
+    ("NDHWC", (2, 2, 3, 4, 3)), pytest.param("NCDHW", (2, 3, 2, 3, 4), marks=pytest.mark.slow)])
 def test_fused_batch_norm_v3_op(data_format, shape):
     B, _ = _dims()
     run = (5,) + shape[1:]
     _check(_RawBatchNorm(3, data_format), (torch.randn(shape),), ({0: B},), (torch.randn(run),))
+
+
+def test_fused_batch_norm_v3_op_float16():
+    """float16 input, float32 statistics: the math in float32 as the eager op, the output in float16."""
+    B, _ = _dims()
+    _check(_RawBatchNorm(3, "NHWC"), (torch.randn(2, 4, 5, 3).half(),), ({0: B},),
+           (torch.randn(5, 4, 5, 3).half(),), atol=1e-3, rtol=1e-3)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -132,7 +140,8 @@ def test_block_gru_module_batch_first_and_cell():
 
 
 @pytest.mark.parametrize("kwargs", [dict(version=1, forget_bias=0.7, cell_clip=0.6, use_peephole=True),
-                                    dict(version=2)], ids=["v1-clip-peephole", "v2"])
+                                    pytest.param(dict(version=2), marks=pytest.mark.slow)],
+                         ids=["v1-clip-peephole", "v2"])
 def test_block_lstm_module(kwargs):
     B, T = _dims()
     model = _randomize(torchops.nn.BlockLSTM(4, 5, **kwargs), scale=0.8)
@@ -280,6 +289,31 @@ def test_cudnn_rnn_ops(name, mode):
     _check(model, args, {"args": dyn}, run, expect_ops=("LSTM" if mode == "lstm" else "GRU",))
 
 
+class _Converters(nn.Module):
+    def forward(self, params):
+        # canonical pieces built with torch ops (params_to_canonical's list outputs do not export, see below)
+        ws = [params[3 * k:3 * k + 6].reshape(3, 2) for k in range(3)] + [params[k:k + 9].reshape(3, 3)
+                                                                          for k in range(3)]
+        bs = [params[k:k + 3] * 2 for k in range(6)]
+        size = torch.ops.torchops.cudnn_rnn_params_size(1, 3, 2, rnn_mode="gru", S=torch.int64)
+        return (torch.ops.torchops.cudnn_rnn_canonical_to_params(1, 3, 2, ws, bs, rnn_mode="gru"), size,
+                torch.ops.torchops.cudnn_rnn_canonical_to_params_v2(1, 3, 2, ws, bs, rnn_mode="gru"))
+
+
+def test_cudnn_rnn_params_size_and_canonical_to_params():
+    _check(_Converters(), (torch.randn(63),), None, (torch.randn(63),))
+
+
+class _ToCanonical(nn.Module):
+    def forward(self, params):
+        return torch.ops.torchops.cudnn_rnn_params_to_canonical(1, 3, 2, params, 6, rnn_mode="gru")[0][0]
+
+
+def test_params_to_canonical_is_an_error():
+    with pytest.raises(ExportError, match="cudnn_rnn_params_to_canonical returns lists of tensors"):
+        _export(_ToCanonical(), (torch.randn(63),), None)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # The clear errors
 # ---------------------------------------------------------------------------------------------------------
@@ -302,6 +336,17 @@ def test_batched_is_an_error():
         _export(model, (torch.randn(2, 3),), None)
 
 
+class _BatchUnbatch(nn.Module):
+    def forward(self, x):
+        batched, index, id = torch.ops.torchops.batch([x], 1, 4, 1000, 1000, shared_name="onnx_test")
+        return torch.ops.torchops.unbatch(batched[0] * 2, index, id, 1000000, shared_name="onnx_test_u")
+
+
+def test_batching_ops_are_an_error():
+    with pytest.raises(ExportError, match=r"torchops::batch cannot be exported to ONNX.*batched\.module"):
+        _export(_BatchUnbatch(), (torch.randn(2, 3),), None)
+
+
 class _Grad(nn.Module):
     def forward(self, dy, x, scale):
         return torch.ops.torchops.fused_batch_norm_grad_v3(dy, x, scale, scale, scale, scale, 0.001, "NHWC", False)
@@ -314,6 +359,7 @@ def test_gradient_op_is_an_error():
 
 def test_translation_table_covers_the_forward_ops():
     table = torchops.onnx.translation_table()
-    for name in ("fused_batch_norm_v3", "cudnn_rnn", "cudnn_rnn_v2", "cudnn_rnn_v3", "gru_block_cell", "block_gru",
+    for name in ("fused_batch_norm_v3", "cudnn_rnn", "cudnn_rnn_v2", "cudnn_rnn_v3", "cudnn_rnn_params_size",
+                 "cudnn_rnn_canonical_to_params", "cudnn_rnn_canonical_to_params_v2", "gru_block_cell", "block_gru",
                  "lstm_block_cell", "block_lstm", "block_lstm_v2", "batch", "unbatch"):
         assert getattr(torch.ops.torchops, name).default in table

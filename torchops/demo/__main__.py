@@ -11,7 +11,9 @@ End to end on scikit-learn's bundled 8x8 digits (no download):
 5. serving: the reloaded model behind torchops.nn.Batched, 16 client threads, every test image;
    accuracy equal to unbatched serving, throughput, p50/p99 latency, batch-size histogram; then the
    model exported with torch.export into an AOTInductor package, checked equal to eager and served
-   to the same clients, directly and behind torchops.nn.Batched (skipped with --no-aoti);
+   to the same clients, directly and behind torchops.nn.Batched (skipped with --no-aoti); then the model
+   exported to ONNX (torchops.onnx), checked equal to eager in ONNX Runtime and served by it to the same
+   clients (skipped, with a note, when onnx / onnxscript / onnxruntime are not installed);
 6. a summary table and a PNG (training curve, latency histograms; needs matplotlib).
 Exits non-zero, saying why, if any check fails or the accuracy target is not reached.
 """
@@ -65,6 +67,34 @@ def fail(msg: str) -> None:
     raise SystemExit(1)
 
 
+def print_serving(results, clients: int) -> None:
+    for r in results:
+        print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {clients} threads in {r.seconds:.2f} s, "
+              f"{r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 {r.percentile(99):.0f} us, "
+              f"accuracy {r.accuracy:.4f}", flush=True)
+
+
+def check_against_eager(what: str, header: str, logits, eager, y):
+    """Prints how an exported model's logits compare with eager ones; fails unless they agree. Returns
+    (max difference, accuracy, eager accuracy)."""
+    from .model import accuracy
+
+    diff = (logits - eager).abs().max().item()
+    acc, acc_eager = accuracy(logits, y), accuracy(eager, y)
+    print(f"{header}; max |logit difference| {diff:.1e}, test accuracy {acc:.4f} (eager {acc_eager:.4f})", flush=True)
+    if diff > 1e-4 or acc != acc_eager:
+        fail(f"{what} differs from the trained model (max difference {diff:.2e}, accuracy {acc:.4f} vs "
+             f"{acc_eager:.4f})")
+    return diff, acc, acc_eager
+
+
+def check_served(results, clients: int, acc_eager: float) -> None:
+    print_serving(results, clients)
+    for r in results:
+        if r.accuracy != acc_eager:
+            fail(f"serving {r.name} gave accuracy {r.accuracy:.4f}, eager {acc_eager:.4f}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t_start = time.perf_counter()
@@ -113,10 +143,7 @@ def main(argv=None) -> int:
 
     # 5. serving
     unb, bat = serve.serve(path, test_set, args.device, clients=args.clients)
-    for r in (unb, bat):
-        print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {args.clients} threads in {r.seconds:.2f} s, "
-              f"{r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 {r.percentile(99):.0f} us, "
-              f"accuracy {r.accuracy:.4f}", flush=True)
+    print_serving((unb, bat), args.clients)
     print(f"batching statistics: {bat.batches} batches, batch sizes {bat.histogram}, queue wait p50 "
           f"{bat.queue_wait_us.get('p50', 0):.0f} us / p99 {bat.queue_wait_us.get('p99', 0):.0f} us", flush=True)
     if not torch.equal(bat.predictions, unb.predictions) or bat.accuracy != unb.accuracy:
@@ -134,28 +161,36 @@ def main(argv=None) -> int:
         t_aoti = time.perf_counter() - t
         with torch.no_grad():
             aoti = predict(serve.AOTIModule(pkg), x_test).cpu()
-        d_aoti = (aoti - eager).abs().max().item()
-        acc_eager, acc_aoti = accuracy(eager, test_set[1]), accuracy(aoti, test_set[1])
-        print(f"AOTInductor: torch.export + aoti_compile_and_package -> {pkg} ({os.path.getsize(pkg) // 1024} KiB, "
-              f"{t_aoti:.1f} s); max |logit difference| {d_aoti:.1e}, test accuracy {acc_aoti:.4f} (eager "
-              f"{acc_eager:.4f})", flush=True)
-        if d_aoti > 1e-4 or acc_aoti != acc_eager:
-            fail(f"the AOTInductor package differs from the trained model (max difference {d_aoti:.2e}, accuracy "
-                 f"{acc_aoti:.4f} vs {acc_eager:.4f})")
+        d_aoti, acc_aoti, acc_eager = check_against_eager(
+            "the AOTInductor package", f"AOTInductor: torch.export + aoti_compile_and_package -> {pkg} "
+            f"({os.path.getsize(pkg) // 1024} KiB, {t_aoti:.1f} s)", aoti, eager, test_set[1])
         a_unb, a_bat = serve.serve_aoti(pkg, test_set, args.device, clients=args.clients)
-        for r in (a_unb, a_bat):
-            print(f"serving {r.name:31s}: {len(r.latencies_us)} requests from {args.clients} threads in "
-                  f"{r.seconds:.2f} s, {r.throughput:.0f} req/s, latency p50 {r.percentile(50):.0f} us / p99 "
-                  f"{r.percentile(99):.0f} us, accuracy {r.accuracy:.4f}", flush=True)
-        for r in (a_unb, a_bat):
-            if r.accuracy != acc_eager:
-                fail(f"serving {r.name} gave accuracy {r.accuracy:.4f}, eager {acc_eager:.4f}")
+        check_served((a_unb, a_bat), args.clients, acc_eager)
         aoti_rows = [
             ("AOTInductor package", f"max |diff| {d_aoti:.1e}, accuracy {acc_aoti:.4f} = eager, compiled in "
                                     f"{t_aoti:.1f} s"),
             ("AOTInductor serving (req/s)", f"unbatched {a_unb.throughput:.0f}, batched {a_bat.throughput:.0f} "
                                             f"(accuracy {a_unb.accuracy:.4f} / {a_bat.accuracy:.4f})"),
         ]
+
+    onnx_rows = []
+    why_not = serve.onnx_unavailable()
+    if why_not is not None:
+        print(f"ONNX: skipped ({why_not})", flush=True)
+        onnx_rows = [("ONNX Runtime", f"skipped ({why_not})")]
+    else:
+        onnx_path = os.path.join(args.out, f"digits_{args.rnn}.onnx")
+        t = time.perf_counter()
+        serve.export_onnx(model, x_test[:2], onnx_path)
+        t_onnx = time.perf_counter() - t
+        on = predict(serve.OnnxRuntimeModel(onnx_path), test_set[0])
+        d_onnx, _, acc_eager = check_against_eager(
+            "the ONNX export in ONNX Runtime", f"ONNX: torchops.onnx.export -> {onnx_path} "
+            f"({os.path.getsize(onnx_path) // 1024} KiB, {t_onnx:.1f} s), in ONNX Runtime", on, eager, test_set[1])
+        o = serve.serve_onnx(onnx_path, test_set, clients=args.clients)
+        check_served((o,), args.clients, acc_eager)
+        onnx_rows = [("ONNX Runtime (CPU)", f"max |diff| {d_onnx:.1e}, accuracy {o.accuracy:.4f} = eager, "
+                                            f"{o.throughput:.0f} req/s unbatched")]
 
     # 6. summary
     total = time.perf_counter() - t_start
@@ -178,6 +213,7 @@ def main(argv=None) -> int:
                                    f"unbatched {unb.percentile(50):.0f} / {unb.percentile(99):.0f}"),
         ("batch sizes (size:count)", hist),
         *aoti_rows,
+        *onnx_rows,
         ("PNG", png if note is None else note),
         ("wall time", f"{total:.1f} s"),
     ]

@@ -1,7 +1,8 @@
 """Export and serving: the trained model scripted with TorchScript, saved, reloaded and checked in a
 fresh process; then the reloaded model served through torchops.nn.Batched to concurrent client threads,
 against the same clients calling it unbatched. The same model is also exported with torch.export and
-compiled into an AOTInductor package, which is served to the same clients."""
+compiled into an AOTInductor package, which is served to the same clients, and exported to ONNX
+(torchops.onnx), which ONNX Runtime serves to the same clients without torchops."""
 import os
 import subprocess
 import sys
@@ -187,6 +188,51 @@ def serve_aoti(package_path: str, test_set, device: str = "cpu", clients: int = 
                           histogram={k: v for k, v in sorted(hist.items()) if v},
                           batches=stats["batches_formed"] - before["batches_formed"])
     return unbatched, batched
+
+
+def onnx_unavailable():
+    """None when the ONNX export and ONNX Runtime can run here, else why not (a note for the demo)."""
+    import importlib.util
+
+    missing = [m for m in ("onnx", "onnxscript", "onnxruntime") if importlib.util.find_spec(m) is None]
+    return f"not installed: {', '.join(missing)}" if missing else None
+
+
+def export_onnx(model: nn.Module, example: Tensor, path: str) -> None:
+    """torchops.onnx.export with a dynamic batch: a graph of standard ONNX ops only."""
+    import contextlib
+    import io
+
+    import torchops.onnx
+
+    with contextlib.redirect_stdout(io.StringIO()), torch.no_grad():  # the exporter's progress lines
+        torchops.onnx.export(model.eval(), (example,), path, dynamic_shapes=({0: torch.export.Dim("batch")},))
+
+
+class OnnxRuntimeModel:
+    """An ONNX Runtime CPU session called like the model (tensor in, logits out); one session serves every
+    client thread (ONNX Runtime's `run` is thread-safe)."""
+
+    def __init__(self, path: str):
+        import onnxruntime as ort
+
+        opts = ort.SessionOptions()
+        opts.intra_op_num_threads = 1  # the clients are the parallelism: one thread per request
+        self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        self.input = self.session.get_inputs()[0].name
+
+    def __call__(self, x: Tensor) -> Tensor:
+        return torch.from_numpy(self.session.run(None, {self.input: x.detach().cpu().numpy()})[0])
+
+
+def serve_onnx(path: str, test_set, clients: int = CLIENTS) -> ServeResult:
+    """The ONNX export served by ONNX Runtime (CPU) to `clients` threads, one request per test image."""
+    x, y = test_set[0].cpu(), test_set[1]
+    model = OnnxRuntimeModel(path)
+    _run_clients(model, x[:8 * clients], clients)  # warm-up, not measured
+    logits, lat, sec = _run_clients(model, x, clients)
+    pred = logits.argmax(1)
+    return ServeResult("ONNX Runtime", sec, lat, pred, (pred == y).float().mean().item())
 
 
 if __name__ == "__main__":

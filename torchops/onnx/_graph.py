@@ -23,10 +23,6 @@ def ints(values: Sequence[int]):
     return op.Constant(value_ints=[int(v) for v in values])
 
 
-def scalar_int(value: int):
-    return op.Constant(value_int=int(value))
-
-
 def like(array, ref):
     """A constant with `array`'s values in `ref`'s dtype."""
     return op.CastLike(op.Constant(value=ir.tensor(np.asarray(array, dtype=np.float64))), ref)

@@ -7,7 +7,7 @@ skip_input layer 0 gets identity input matrices and zero input biases. `sequence
 final state is set to its initial state. An LSTM projection (num_proj > 0), which ONNX `LSTM` lacks, runs as
 an ONNX `Loop` per direction (the backward direction reverses each sequence within its length).
 """
-from typing import List, Optional
+from typing import List
 
 import numpy as np
 import onnx_ir as ir
@@ -220,3 +220,36 @@ def cudnn_rnn_v3(input, input_h, input_c, params, sequence_lengths, rnn_mode="ls
                  time_major=True):
     return _cudnn_rnn("cudnn_rnn_v3", input, input_h, input_c, params, sequence_lengths, rnn_mode, input_mode,
                       direction, dropout, is_training, num_proj, time_major, False)
+
+
+def _config(rnn_mode, direction, input_mode, num_units, input_size):
+    if rnn_mode not in _ONNX_GATES:
+        raise ExportError(f"rnn_mode must be one of {list(_ONNX_GATES)}, got {rnn_mode!r}")
+    d = 2 if direction == "bidirectional" else 1
+    skip = input_mode == "skip_input" or (input_mode == "auto_select" and input_size == num_units)
+    return len(_ONNX_GATES[rnn_mode]), d, skip
+
+
+def cudnn_rnn_params_size(num_layers, num_units, input_size, T=None, S=None, rnn_mode="lstm",
+                          input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0, seed2=0,
+                          num_proj=0):
+    g, d, skip = _config(rnn_mode, direction, input_mode, num_units, input_size)
+    size = layout.params_size(g, d, num_layers, num_units, input_size, num_proj, skip)
+    wide = S is not None and "int64" in str(S).lower()
+    return op.Constant(value=ir.tensor(np.array([size], dtype=np.int64 if wide else np.int32)))
+
+
+def _to_params(weights, biases):
+    return op.Concat(*[op.Reshape(t, ints([-1])) for t in list(weights) + list(biases)], axis=0)
+
+
+def cudnn_rnn_canonical_to_params(num_layers, num_units, input_size, weights, biases, rnn_mode="lstm",
+                                  input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0,
+                                  seed2=0):
+    return _to_params(weights, biases)
+
+
+def cudnn_rnn_canonical_to_params_v2(num_layers, num_units, input_size, weights, biases, rnn_mode="lstm",
+                                     input_mode="linear_input", direction="unidirectional", dropout=0.0, seed=0,
+                                     seed2=0, num_proj=0):
+    return _to_params(weights, biases)

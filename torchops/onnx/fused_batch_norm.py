@@ -11,13 +11,14 @@ def fused_batch_norm_v3(x, scale, offset, mean, variance, epsilon=0.0001, expone
         raise ExportError("fused_batch_norm_v3 with is_training=True (a training-mode torchops.nn.BatchNorm2d/3d) "
                           "normalizes with the batch statistics and updates the running ones; an ONNX export is "
                           "for inference: call model.eval() before exporting")
+    # As the eager op: the math in the statistics' dtype (float32 for float16/bfloat16 inputs), y in x's dtype.
+    xs = op.CastLike(x, scale)
     if data_format in ("NCHW", "NCDHW"):
-        y = op.BatchNormalization(x, op.CastLike(scale, x), op.CastLike(offset, x), op.CastLike(mean, x),
-                                  op.CastLike(variance, x), epsilon=epsilon)
+        ys = op.BatchNormalization(xs, scale, offset, mean, variance, epsilon=epsilon)
     else:
-        # y = x * a + (offset - mean * a), a = scale / sqrt(variance + epsilon), computed in the statistics' dtype
+        # y = x * a + (offset - mean * a), a = scale / sqrt(variance + epsilon), over the last (channel) axis
         a = op.Div(scale, op.Sqrt(op.Add(variance, op.CastLike(op.Constant(value_float=epsilon), variance))))
-        shift = op.Sub(offset, op.Mul(mean, a))
-        y = op.Add(op.Mul(x, op.CastLike(a, x)), op.CastLike(shift, x))
+        ys = op.Add(op.Mul(xs, a), op.Sub(offset, op.Mul(mean, a)))
+    y = op.CastLike(ys, x)
     # Inference outputs (as the eager op): batch_mean/variance and reserve spaces 1/2 are the given statistics.
     return y, op.Identity(mean), op.Identity(variance), op.Identity(mean), op.Identity(variance), empty_like(mean)
