@@ -172,4 +172,5 @@ setup(
     cmdclass={"build_ext": BuildTorchops},
     python_requires=">=3.10",
     install_requires=["torch>=2.11"],
+    extras_require={"tf": ["numpy", "h5py"]},  # torchops.tf's readers (h5py only for Keras files)
 )
