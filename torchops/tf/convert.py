@@ -92,7 +92,8 @@ def load_cudnn_rnn_keras_weights(module, weights: Sequence[Any]) -> None:
         if module.rnn_mode == "gru":
             if bias.dim() == 1 and bias.numel() == G * U:
                 raise ValueError("Keras GRU with reset_after=False (bias [3 * units]) applies the reset gate "
-                                 "before the matmul and has no cuDNN equivalent; use reset_after=True")
+                                 "before the matmul and has no cuDNN equivalent; use reset_after=True, or load it into "
+                                 "BlockGRU / GRUBlockCell with load_gru_block_keras_weights")
             if list(bias.shape) != [2, G * U]:
                 raise ValueError(f"Keras GRU bias of (layer, direction) {i} must have shape [2, {G * U}] "
                                  f"(reset_after=True), got {list(bias.shape)}")
