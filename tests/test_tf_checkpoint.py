@@ -1,7 +1,6 @@
 """torchops.tf's checkpoint reader on hand-made files (tests/tf_checkpoint_writer.py) and on files written
 by TensorFlow (tests/data/, made by tools/tf_port/make_goldens.py); no TensorFlow needed."""
 import os
-import shutil
 import sys
 
 import numpy as np
