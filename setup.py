@@ -293,4 +293,5 @@ setup(
     python_requires=">=3.10",
     # The library links against this torch's C++ ABI: the wheel says so (the loader checks it again at import).
     install_requires=[f"torch=={_torch_public_version()}"],
+    extras_require={"tf": ["numpy", "h5py"]},  # torchops.tf's readers (h5py only for Keras files)
 )

@@ -74,6 +74,12 @@ def test_gru_block_loader_errors_leave_module_unchanged():
         convert.load_gru_block_keras_weights(m, good[:2])
     with pytest.raises(TypeError, match="GRUBlockCell or BlockGRU"):
         convert.load_gru_block_keras_weights(CudnnGRU(1, 4, 3), good)
+    with pytest.raises(TypeError, match="CudnnLSTM, CudnnGRU"):
+        convert.load_cudnn_rnn_keras_weights(m, good)
+    with pytest.raises(TypeError, match="LSTMBlockCell or BlockLSTM"):
+        convert.load_lstm_block_checkpoint(m, {})
+    with pytest.raises(TypeError, match="batch norm module"):
+        convert.load_batch_norm_checkpoint(m, {})
     for k, v in m.state_dict().items():
         assert torch.equal(v, before[k]), k
 
@@ -139,7 +145,8 @@ def test_batch_norm_keras_weights_center_scale(center, scale):
     torch.testing.assert_close(m.weight.double(), gamma if scale else torch.ones(n, dtype=D))
     torch.testing.assert_close(m.bias.double(), beta if center else torch.zeros(n, dtype=D))
     torch.testing.assert_close(m.running_var.double(), var)
-    with pytest.raises(ValueError, match=f"expected {len(weights)} Keras BatchNormalization arrays.*got {len(weights) + 1}"):
+    with pytest.raises(ValueError, match=f"expected {len(weights)} Keras BatchNormalization arrays.*"
+                                         f"got {len(weights) + 1}"):
         convert.load_batch_norm_keras_weights(m, weights + [var], center=center, scale=scale)
 
 

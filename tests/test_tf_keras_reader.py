@@ -32,6 +32,19 @@ def test_keras_written_files_give_get_weights(name):
         w["gru_befor"]
 
 
+@pytest.mark.parametrize("name", ["keras3_nested.keras", "keras3_nested.h5", "keras3_nested.weights.h5",
+                                  "tfkeras_nested.h5"])
+def test_keras_written_nested_models_are_flattened(name):
+    ref = np.load(os.path.join(DATA, "keras_nested.npz"))
+    ref = [ref[f"arr_{i}"] for i in range(len(ref.files))]  # model.get_weights()
+    w = ttf.load_keras_weights(os.path.join(DATA, name))
+    assert {k: len(v) for k, v in w.items()} == {"bi": 6, "inner_dense": 2, "inner_dense2": 2}
+    flat = [t.numpy() for v in w.values() for t in v]
+    assert len(flat) == len(ref)
+    for got, want in zip(flat, ref):
+        np.testing.assert_array_equal(got, want)
+
+
 def test_nested_model_and_split_attributes(tmp_path):
     p = tmp_path / "w.h5"
     k = np.arange(6, dtype=np.float32).reshape(2, 3)

@@ -162,3 +162,8 @@ def test_the_porting_guide_examples_run_as_written(monkeypatch):
             close(out[0], ref["outputs"])
         else:
             close(out, ref["y"])
+
+
+def test_no_tensorflow_in_this_process():
+    import sys
+    assert "tensorflow" not in sys.modules and "keras" not in sys.modules and "tf_keras" not in sys.modules

@@ -14,7 +14,9 @@ Writes:
   and the moving statistics after one training step;
 * keras_model.keras, keras_model.h5 (tf.keras whole model), keras_weights.h5 (tf.keras save_weights),
   keras_model.npz: worked example (b), Conv2D, BatchNormalization, Bidirectional(LSTM), GRU(reset_after=True),
-  GRU(reset_after=False).
+  GRU(reset_after=False);
+* keras3_nested.{keras,h5,weights.h5}, tfkeras_nested.h5, keras_nested.npz: a Bidirectional layer and a
+  nested model in every Keras file layout, and `model.get_weights()`.
 """
 import os
 import sys
@@ -191,6 +193,26 @@ def keras_model():
     np.savez(os.path.join(OUT, "keras_model.npz"), **out)
 
 
+def keras_nested():
+    """A Bidirectional layer and a nested Sequential model, in every Keras file layout."""
+    import keras
+    import tf_keras
+
+    def build(k):
+        L = k.layers
+        inp = L.Input((6, 4))
+        inner = k.Sequential([L.Dense(3, name="inner_dense"), L.Dense(2, name="inner_dense2")], name="inner")
+        return k.Model(inp, inner(L.Bidirectional(L.LSTM(3, return_sequences=True), name="bi")(inp)))
+
+    m3, m2 = build(keras), build(tf_keras)
+    m2.set_weights(m3.get_weights())
+    m3.save(os.path.join(OUT, "keras3_nested.keras"))
+    m3.save(os.path.join(OUT, "keras3_nested.h5"))
+    m3.save_weights(os.path.join(OUT, "keras3_nested.weights.h5"))
+    m2.save(os.path.join(OUT, "tfkeras_nested.h5"))
+    np.savez(os.path.join(OUT, "keras_nested.npz"), *m3.get_weights())
+
+
 if __name__ == "__main__":
     values = {}
     checkpoints(values)
@@ -198,6 +220,7 @@ if __name__ == "__main__":
     np.savez(os.path.join(OUT, "tf_checkpoint_values.npz"), **values)
     tf1_model()
     keras_model()
+    keras_nested()
     for root, _, files in os.walk(OUT):
         for f in sorted(files):
             p = os.path.join(root, f)

@@ -5,7 +5,7 @@ for checkpoint variables; one `layer.get_weights()` list from `torchops.tf.load_
 checks every name and shape first and only then writes into the module, so a failed load changes nothing.
 The name mapping tables are in docs/porting.md.
 """
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, List, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -45,13 +45,21 @@ def _check_shape(what: str, t: Tensor, shape: Sequence[int]) -> Tensor:
     return t
 
 
-# -- CudnnLSTM / CudnnGRU / CudnnRNNTanh / CudnnRNNRelu: Keras ----------------------------------------------------------------------------------------------
+# -- CudnnLSTM / CudnnGRU / CudnnRNNTanh / CudnnRNNRelu: Keras -----------------------------------------------
+
+def _cudnn_rnn(module) -> None:
+    from ..nn.cudnn_rnn import _CudnnRNN
+    if not isinstance(module, _CudnnRNN):
+        raise TypeError(f"module must be a torchops.nn.CudnnLSTM, CudnnGRU, CudnnRNNTanh or CudnnRNNRelu, got "
+                        f"{type(module).__name__}")
+
 
 def cudnn_rnn_keras_weights(module) -> List[Tensor]:
     """`[kernel [in, G*U], recurrent_kernel [O, G*U], bias]` per pseudo-layer (forward layer, then the
     backward layer of a Keras `Bidirectional`, layer by layer), as `layer.get_weights()` lists them.
     LSTM / SimpleRNN bias `[G*U]` = b_W + b_R (Keras has one bias; the function is the same);
     GRU (reset_after=True) bias `[2, 3U]` = [b_W; b_R], exact."""
+    _cudnn_rnn(module)
     module._check_linear_input("Keras")
     if module.num_proj:
         raise ValueError("Keras LSTM has no projection (num_proj); cannot convert")
@@ -73,6 +81,7 @@ def load_cudnn_rnn_keras_weights(module, weights: Sequence[Any]) -> None:
     """Loads Keras `get_weights()` lists: 3 arrays per pseudo-layer (see `keras_weights`). LSTM / SimpleRNN
     put the Keras bias into b_R and zero b_W (as Keras' own cuDNN path); GRU needs `reset_after=True`
     (bias `[2, 3U]`; reset_after=False applies the reset gate before the matmul, which cuDNN cannot)."""
+    _cudnn_rnn(module)
     module._check_linear_input("Keras")
     if module.num_proj:
         raise ValueError("Keras LSTM has no projection (num_proj); cannot convert")
@@ -92,7 +101,8 @@ def load_cudnn_rnn_keras_weights(module, weights: Sequence[Any]) -> None:
         if module.rnn_mode == "gru":
             if bias.dim() == 1 and bias.numel() == G * U:
                 raise ValueError("Keras GRU with reset_after=False (bias [3 * units]) applies the reset gate "
-                                 "before the matmul and has no cuDNN equivalent; use reset_after=True")
+                                 "before the matmul and has no cuDNN equivalent; use reset_after=True, or load it into "
+                                 "BlockGRU / GRUBlockCell with load_gru_block_keras_weights")
             if list(bias.shape) != [2, G * U]:
                 raise ValueError(f"Keras GRU bias of (layer, direction) {i} must have shape [2, {G * U}] "
                                  f"(reset_after=True), got {list(bias.shape)}")
@@ -110,7 +120,7 @@ def load_cudnn_rnn_keras_weights(module, weights: Sequence[Any]) -> None:
             bW[g].copy_(b_in[k * U:(k + 1) * U])
             bR[g].copy_(b_rec[k * U:(k + 1) * U])
 
-# -- CudnnRNN modules: TF 1.x checkpoints (tf.contrib.cudnn_rnn saveable format) -------------------------------------------
+# -- CudnnRNN modules: TF 1.x checkpoints (tf.contrib.cudnn_rnn saveable format) -----------------------------
 
 
 def _tf_prefix(module, pl: int, scope: str) -> str:
@@ -118,7 +128,8 @@ def _tf_prefix(module, pl: int, scope: str) -> str:
     if module.num_dirs == 1:
         name = f"rnn/multi_rnn_cell/cell_{layer}/{_TF_CELL_NAME[module.rnn_mode]}"
     else:
-        name = f"stack_bidirectional_rnn/cell_{layer}/bidirectional_rnn/{'bw' if d else 'fw'}/{_TF_CELL_NAME[module.rnn_mode]}"
+        cell = _TF_CELL_NAME[module.rnn_mode]
+        name = f"stack_bidirectional_rnn/cell_{layer}/bidirectional_rnn/{'bw' if d else 'fw'}/{cell}"
     return f"{scope}/{name}" if scope else name
 
 
@@ -149,6 +160,7 @@ def cudnn_rnn_checkpoint_weights(module, scope: str = "") -> "dict[str, Tensor]"
     `[H, P]`), `cudnn_compatible_gru_cell` (gates/kernel `[in + H, 2H]` = [reset | update], gates/bias,
     candidate/input_projection/{kernel, bias}, candidate/hidden_projection/{kernel, bias}) or
     `basic_rnn_cell` (kernel `[in + H, H]`, bias). Biases b_W + b_R are saved summed, as TF does."""
+    _cudnn_rnn(module)
     module._check_linear_input("TF's canonical cells")
     weights, biases = {}, {}
     with torch.no_grad():
@@ -162,8 +174,9 @@ def cudnn_rnn_checkpoint_weights(module, scope: str = "") -> "dict[str, Tensor]"
 @torch.no_grad()
 def load_cudnn_rnn_checkpoint(module, tensors: Any, scope: str = "") -> None:
     """Loads what `cudnn_rnn_checkpoint_weights` describes from a `torchops.tf.load_checkpoint` reader or a
-    mapping name -> array (pass the TF layer's scope). As TF's restore, summed
-    biases are split into two equal halves (b_W = b_R = bias / 2): the same function."""
+    mapping name -> array (pass the TF layer's scope). As TF's restore, summed biases are split into two
+    equal halves (b_W = b_R = bias / 2): the same function."""
+    _cudnn_rnn(module)
     module._check_linear_input("TF's canonical cells")
     layers = module._per_pseudo_layer()
     staged = []
@@ -232,7 +245,8 @@ def load_gru_block_keras_weights(module, weights: Sequence[Any]) -> None:
     is CudnnGRU's math: load it with `load_cudnn_rnn_keras_weights`."""
     _gru_block(module)
     if len(weights) != 3:
-        raise ValueError(f"expected the 3 arrays of a Keras GRU ([kernel, recurrent_kernel, bias]), got {len(weights)}")
+        raise ValueError(f"expected the 3 arrays of a Keras GRU ([kernel, recurrent_kernel, bias]), "
+                         f"got {len(weights)}")
     I, C = module.input_size, module.cell_size
     kernel, rec, bias = (_as_tensor(w, module.w_c) for w in weights)
     if bias.dim() == 2:
@@ -301,7 +315,8 @@ def load_lstm_block_keras_weights(module, weights: Sequence[Any]) -> None:
     if module.use_peephole:
         raise ValueError("Keras LSTM has no peepholes; load into a module with use_peephole=False")
     if len(weights) != 3:
-        raise ValueError(f"expected the 3 arrays of a Keras LSTM ([kernel, recurrent_kernel, bias]), got {len(weights)}")
+        raise ValueError(f"expected the 3 arrays of a Keras LSTM ([kernel, recurrent_kernel, bias]), "
+                         f"got {len(weights)}")
     I, C = module.input_size, module.cell_size
     kernel, rec, bias = (_as_tensor(w, module.w) for w in weights)
     _check_shape("Keras LSTM kernel", kernel, [I, 4 * C])

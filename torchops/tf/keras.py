@@ -60,10 +60,27 @@ def _tensor(dataset, what: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(a))
 
 
+def _nested_models(f) -> Dict[str, set]:
+    """{nested model name: names of its layers} from a whole-model file's `model_config` (JSON, never evaluated)."""
+    raw = f.attrs.get("model_config")
+    if raw is None:
+        return {}
+    try:
+        config = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else str(raw))
+    except ValueError:
+        return {}
+    layers = config.get("config", {}).get("layers", []) if isinstance(config, dict) and \
+        isinstance(config.get("config"), dict) else []
+    return {layer["config"]["name"]: set(_config_order(layer)) for layer in layers
+            if isinstance(layer, dict) and isinstance(layer.get("config"), dict)
+            and isinstance(layer["config"].get("layers"), list) and isinstance(layer["config"].get("name"), str)}
+
+
 def _legacy_h5(f, what: str) -> KerasWeights:
     """Keras 2 / tf.keras layout: `layer_names` on the weights group, `weight_names` on each layer's group."""
     root = f["model_weights"] if "model_weights" in f and _attr_list(f, "layer_names") is None else f
     layer_names = _attr_list(root, "layer_names")
+    nested = _nested_models(f)
     out = KerasWeights()
     for layer in layer_names:
         if layer not in root:
@@ -77,12 +94,15 @@ def _legacy_h5(f, what: str) -> KerasWeights:
             tensors.append((n, _tensor(g[n], f"{what}: {layer}/{n}")))
         if not tensors:
             continue
-        if all(n.startswith(layer + "/") for n, _ in tensors):
+        if layer in nested:  # a nested model: flatten to its layers, the first of its names' parts that is one
+            for n, t in tensors:
+                inner = next((part for part in n.split("/") if part in nested[layer]), n.split("/")[0])
+                out.setdefault(inner, []).append(t)
+        elif all(n.startswith(layer + "/") for n, _ in tensors):
             out[layer] = [t for _, t in tensors]
-            continue
-        # a nested model: its weights carry the names of its own layers; flatten them to those names
-        for n, t in tensors:
-            out.setdefault(n.split("/")[0], []).append(t)
+        else:  # save_weights of a nested model (no config): its weights carry its layers' names
+            for n, t in tensors:
+                out.setdefault(n.split("/")[0], []).append(t)
     return out
 
 
