@@ -2,13 +2,16 @@
 // _cudnn_rnn_backward (ATen's cuDNN handle, descriptors and plans), over a vendor table (cudnn_route.h) so that
 // the CPU stand-in of cudnn_standin.cpp exercises the same code in CPU builds.
 //
-// Covered: float32, every rnn_mode, one or two directions, linear_input, lstm projection, variable lengths,
-// and in training no dropout between layers (TF's seeded masks are torchops' own). The rest runs the time loops.
+// Covered: float32, every rnn_mode, one or two directions, linear_input, lstm projection smaller than num_units
+// (cuDNN disables the projection at num_proj == num_units, which the time loops run), variable lengths, and in
+// training no dropout between layers (TF's seeded masks are torchops' own). The rest runs the time loops.
 //
 // cuDNN's training state (its reserve, the flat weight buffer it ran with, its outputs) is owned by the returned
 // reserve_space, which keeps the loop's size so that shapes do not depend on the route: its storage is a DataPtr
-// whose context holds that state. A copy of the reserve does not carry it, and the backward then recomputes the
-// forward with the loops.
+// whose context holds that state, and cuDNN's reserve bytes are moved into that storage (one buffer, not the
+// loop's and cuDNN's). cuDNN's backward overwrites the reserve it is given, so every backward gets a copy and the
+// same reserve_space can be backpropagated more than once. A copy of reserve_space does not carry the state, and
+// the backward then recomputes the forward with the loops.
 #include "cudnn_rnn/cudnn_route.h"
 
 #include <ATen/Context.h>
@@ -63,7 +66,7 @@ std::tuple<Tensor, Tensor, Tensor, std::vector<Tensor>> aten_rnn_backward(
 }
 
 bool covers(const CudnnVendor& v, const Cfg& c, const Tensor& x, double dropout, bool is_training) {
-  const bool shape_ok = !c.skip && c.B > 0 && c.I > 0 && c.T > 0;
+  const bool shape_ok = !c.skip && c.B > 0 && c.I > 0 && c.T > 0 && (c.P == 0 || c.P < c.H);
   const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
   return shape_ok && train_ok && x.scalar_type() == at::kFloat && v.runs_on(x);
 }
@@ -80,6 +83,14 @@ std::vector<Tensor> weight_list(const Cfg& c, const Layout& lay, const Tensor& p
     if (c.P > 0) w.push_back(v.Pm);
   }
   return w;
+}
+
+// cuDNN's flat weight buffer for p. Without one, ATen's forward warns and copies the weights into a buffer of
+// its own on every call.
+Tensor flat_weights(const CudnnVendor& v, const Cfg& c, const Layout& lay, const Tensor& p) {
+  // (a list of its own: ATen's flatten points the tensors it is given at the buffer)
+  return v.flatten_weight(weight_list(c, lay, p), weight_stride(c), c.I, c.mode, c.H, c.P, c.L,
+                          /*batch_first=*/false, c.D == 2);
 }
 
 // Variable lengths: cuDNN runs packed sequences sorted by decreasing length, none empty. The rows are sorted
@@ -134,9 +145,17 @@ Tensor merged(const std::optional<Packing>& pk, const Tensor& all, const Tensor&
 
 struct CudnnState {
   const CudnnVendor* vendor = nullptr;
-  Tensor buf;                               // the reserve's memory (header + unused space)
-  Tensor out, hy, cy, reserve, weight_buf;  // as the forward returned them
+  Tensor buf;                      // the reserve_space's memory: header, then cuDNN's reserve bytes
+  int64_t reserve_offset = 0;      // where cuDNN's reserve starts in buf (bytes)
+  int64_t reserve_bytes = 0;       // its size
+  at::ScalarType reserve_dtype = at::kByte;
+  Tensor out, hy, cy, weight_buf;  // as the forward returned them
   std::optional<Packing> packing;
+
+  // A fresh copy of cuDNN's reserve for one backward (which overwrites it).
+  Tensor reserve_copy() const {
+    return buf.view(at::kByte).narrow(0, reserve_offset, reserve_bytes).view(reserve_dtype).clone();
+  }
 };
 
 void delete_state(void* ctx) { delete static_cast<CudnnState*>(ctx); }
@@ -150,10 +169,11 @@ std::optional<LibraryForward> route_forward(const CudnnVendor& v, const Cfg& c, 
     pk = packing_of(lens, x.device());
     if (!pk) return std::nullopt;  // every sequence empty: nothing for cuDNN to run
   }
+  const Tensor weight_buf = flat_weights(v, c, lay, p);
   const std::vector<Tensor> w = weight_list(c, lay, p);
   const bool lstm = c.mode == kLstm;
   const std::optional<Tensor> cx = lstm ? std::optional<Tensor>(rows_of(pk, c0, 1)) : std::nullopt;
-  auto o = v.rnn(packed(pk, x), w, weight_stride(c), /*weight_buf=*/std::nullopt, rows_of(pk, h0, 1), cx, c.mode, c.H, c.P, c.L,
+  auto o = v.rnn(packed(pk, x), w, weight_stride(c), weight_buf, rows_of(pk, h0, 1), cx, c.mode, c.H, c.P, c.L,
                  /*batch_first=*/false, /*dropout=*/0.0, is_training, c.D == 2,
                  pk ? at::IntArrayRef(pk->batch_sizes) : at::IntArrayRef(), /*dropout_state=*/std::nullopt);
   const Tensor out = std::get<0>(o), hy = std::get<1>(o), cy = std::get<2>(o);
@@ -164,17 +184,28 @@ std::optional<LibraryForward> route_forward(const CudnnVendor& v, const Cfg& c, 
   r.hN = copy ? hy.clone() : merged(pk, h0, hy);
   r.cN = lstm ? (copy ? cy.clone() : merged(pk, c0, cy)) : Tensor();
   if (is_training) {
+    const Tensor& reserve = std::get<3>(o);
     auto state = std::make_unique<CudnnState>();
     state->vendor = &v;
     state->out = out;
     state->hy = hy;
     state->cy = cy;
-    state->reserve = std::get<3>(o);
     state->weight_buf = std::get<4>(o);
     state->packing = std::move(pk);
-    state->buf = at::empty({reserve_numel}, x.options());
+    // One buffer for reserve_space and cuDNN's reserve: the header (the orchestration's), then cuDNN's bytes.
+    const int64_t item = static_cast<int64_t>(x.element_size());
+    const int64_t header_bytes = kReserveHeaderBytes;
+    state->reserve_offset = header_bytes;
+    state->reserve_bytes = static_cast<int64_t>(reserve.nbytes());
+    state->reserve_dtype = reserve.scalar_type();
+    const int64_t bytes = std::max(reserve_numel * item, header_bytes + state->reserve_bytes);
+    state->buf = at::empty({(bytes + item - 1) / item}, x.options());
+    if (state->reserve_bytes > 0) {
+      state->buf.view(at::kByte).narrow(0, header_bytes, state->reserve_bytes).copy_(reserve.reshape({-1}).view(at::kByte));
+    }
     void* data = state->buf.data_ptr();
-    r.reserve = reserve_owning(data, reserve_numel, x.options(), state.release(), &delete_state);
+    const int64_t held = static_cast<int64_t>(state->buf.nbytes());
+    r.reserve = reserve_owning(data, reserve_numel, x.options(), state.release(), &delete_state, held);
   }
   return r;
 }
@@ -193,7 +224,7 @@ std::optional<T4> route_backward(const CudnnVendor& v, const Cfg& c, const Layou
                           packed(pk, dY), rows_of(pk, dhN, 1), dcy, c.mode, c.H, c.P, c.L,
                           /*batch_first=*/false, /*dropout=*/0.0, /*train=*/true, c.D == 2,
                           pk ? at::IntArrayRef(pk->batch_sizes) : at::IntArrayRef(),
-                          /*dropout_state=*/std::nullopt, s->reserve, {true, true, lstm, true});
+                          /*dropout_state=*/std::nullopt, s->reserve_copy(), {true, true, lstm, true});
   const std::vector<Tensor>& dw = std::get<3>(g);
   TORCH_INTERNAL_ASSERT(dw.size() == w.size(), "cuDNN returned ", dw.size(), " weight gradients, expected ",
                         w.size());
