@@ -67,7 +67,10 @@ for shape, fmt in [((32, 64, 56, 56), torch.contiguous_format), ((32, 64, 56, 56
 PYEOF
 
 # Every CUDA test: marked `cuda`, named test_cuda_*, or a device-parametrized case on "cuda" (tests/conftest.py
-# marks them all).
+# marks them all). Among them the cuDNN route's glue on cuDNN itself (tests/test_cudnn_rnn_cudnn_route.py, the
+# twins of its CPU stand-in tests), batches formed on a timeout's or a worker's stream (test_batching.py), the
+# vectorized batch norm past 2^31 elements (about 9 GB of GPU memory) and the persistent kernels planned from
+# several threads at once.
 cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # a stage limit within the budget
 # TORCHOPS_ROUTE_REPORT: which routes each test ran, and its outcome (tests/conftest.py), for the per-route summary.
 want tests && [ "$(left)" -ge 30 ] && TORCHOPS_ROUTE_REPORT="$OUTDIR/route_report.json" stage "pytest -m cuda" \

@@ -1292,6 +1292,43 @@ def test_cuda_calls_on_their_own_streams_see_each_others_data():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("path", ["timeout", "worker"])
+def test_cuda_holder_waits_for_the_stream_that_formed_its_batch(path):
+    # The batch is concatenated on another thread's stream than its holder's: at the timeout on the first call's
+    # (kept busy), or on a worker's (the default stream, kept busy). The holder reads it on its own stream at
+    # once: that stream must wait for the concatenation, or it reads memory not yet written.
+    name, width = uniq(), 1 << 20
+    if path == "timeout":  # never full: ships at its timeout, from the first call's thread (or a worker)
+        max_batch, timeout, sizes = 8, 100_000, [1, 1]
+    else:  # the second call does not fit: the first batch closes behind it and a worker forms both
+        max_batch, timeout, sizes = 2, 10_000_000, [1, 2]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(100_000_000)  # the default stream, the workers'
+
+    def call(i, v):
+        def f():
+            if i == 1:
+                wait_for_tasks(name, 1)
+            s = torch.cuda.Stream()
+            with torch.cuda.stream(s):
+                x = torch.full((sizes[i], width), v, device="cuda")
+                if i == 0:
+                    torch.cuda._sleep(100_000_000)
+                b, idx, id_ = ops.batch([x], 1, max_batch, timeout, 0, shared_name=name)
+                y = b[0] * 2
+                out = ops.unbatch(y, idx, id_, S, shared_name=name + "/u") + 1
+            s.synchronize()
+            return out.cpu()
+        return f
+
+    results, errors = run_threads([call(0, 1.0), call(1, 2.0)])
+    no_errors(errors)
+    for i, (v, r) in enumerate(zip((1.0, 2.0), results)):
+        assert torch.equal(r, torch.full((sizes[i], width), 2.0 * v + 1)), (path, i)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_forward_works_and_autograd_is_rejected():
     name = uniq()
     x = torch.ones(2, 3, device="cuda")

@@ -1276,6 +1276,37 @@ def test_cuda_persistent_switch_selects_the_kernels(op):
     assert all(ran(names, k) for k in step_kernels)
 
 
+@pytest.mark.cuda
+@cuda_only
+@pytest.mark.parametrize("op", ["block_lstm", "block_gru"])
+def test_cuda_persistent_kernels_from_threads_that_plan_different_sizes(op):
+    # The kernels' dynamic shared memory limit is one process-wide attribute: threads that plan different sizes
+    # at once must not shrink it under each other's launch (it is set once, to the device's maximum).
+    import threading
+
+    sizes = (13, 29, 61, 97)
+    want = {C: _sequence_results(op, 4, 4, 3, 5, C, True, 0.5, "cpu", torch.float32) for C in sizes}
+    errors, mismatches = [], []
+
+    def work(C):
+        try:
+            for _ in range(15):
+                got = _sequence_results(op, 4, 4, 3, 5, C, True, 0.5, "cuda", torch.float32)
+                if not all(torch.allclose(g, w, rtol=1e-4, atol=1e-4) for g, w in zip(got, want[C])):
+                    mismatches.append(C)
+        except Exception as e:  # noqa: BLE001
+            errors.append(e)
+
+    with forced_route("block_rnn.cuda.persistent"):
+        threads = [threading.Thread(target=work, args=(C,)) for C in sizes]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == [] and mismatches == []
+
+
 def test_lstm_noncontiguous_inputs():
     args = lstm_inputs(B=3, I=4, C=5, T=4, seed=90)
     nc = [args[0].transpose(0, 1).contiguous().transpose(0, 1)] + [

@@ -1198,25 +1198,29 @@ def test_cuda_cudnn_route_matches_torch_modules(mode):
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
-def test_cuda_cudnn_backprop_from_a_copied_reserve(set_routes):
+def test_cuda_cudnn_backprop_from_a_copied_reserve():
     # cuDNN's state lives with the returned reserve_space: a copy gives the same gradients (the time loops
     # recompute the forward), and the original can be used twice.
-    set_routes({"cudnn_rnn.cuda.cudnn": True})
     m, x, h0, c0, _ = _lstm_training_case(2, False)
     p = params_of(m).detach().cuda()
     x, h0, c0 = x.cuda(), h0.cuda(), c0.cuda()
-    y, hn, cn, res = F.cudnn_rnn(x, h0, c0, p, "lstm")
-    dy, dh, dc = torch.randn_like(y), torch.randn_like(hn), torch.randn_like(cn)
-    args = (x, h0, c0, p, y, hn, cn, dy, dh, dc)
-    want = F.cudnn_rnn_backprop(*args, res, "lstm")
-    twice = F.cudnn_rnn_backprop(*args, res, "lstm")
+    with forced_route("cudnn_rnn.cuda.cudnn"):
+        y, hn, cn, res = F.cudnn_rnn(x, h0, c0, p, "lstm")
+        dy, dh, dc = torch.randn_like(y), torch.randn_like(hn), torch.randn_like(cn)
+        args = (x, h0, c0, p, y, hn, cn, dy, dh, dc)
+        loops = torchops.backends.hits("cudnn_rnn.cuda.loops")
+        want = F.cudnn_rnn_backprop(*args, res, "lstm")
+        twice = F.cudnn_rnn_backprop(*args, res, "lstm")
+        assert torchops.backends.hits("cudnn_rnn.cuda.loops") == loops  # both backprops ran cuDNN
     for a, e in zip(twice, want):
         torch.testing.assert_close(a, e, rtol=0, atol=0)
-    got = F.cudnn_rnn_backprop(*args, res.clone(), "lstm")
+    with forced_route("cudnn_rnn.cuda.loops"):
+        got = F.cudnn_rnn_backprop(*args, res.clone(), "lstm")
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
     y.mul_(2)  # outputs changed in place do not change the gradients
-    again = F.cudnn_rnn_backprop(*args, res, "lstm")
+    with forced_route("cudnn_rnn.cuda.cudnn"):
+        again = F.cudnn_rnn_backprop(*args, res, "lstm")
     for a, e in zip(again, want):
         torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
 

@@ -1188,7 +1188,9 @@ def test_cuda_cudnn_reserve_spaces_and_grad_op_with_either_reserve(set_routes):
     set_routes({"fused_batch_norm.cuda.cudnn": True})
     cpu, gpu, _ = _gpu_inputs("NHWC", (6, 5, 7, 24), torch.float32, seed=7)
     x = gpu[0]
+    ran = torchops.backends.hits("fused_batch_norm.cuda.cudnn")
     out = fbn(*gpu, 1e-3, 1.0, "NHWC", True)
+    assert torchops.backends.hits("fused_batch_norm.cuda.cudnn") == ran + 1
     flat = x.double().reshape(-1, 24)
     torch.testing.assert_close(out[3].double(), flat.mean(0), atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(out[4].double(), flat.var(0, unbiased=False), atol=1e-5, rtol=1e-5)
@@ -1261,6 +1263,25 @@ def test_cuda_normalize_routes_ran(set_routes, vectorized, fmt, shape):
 
 
 @pytest.mark.cuda
+def test_cuda_vectorized_normalize_stays_within_its_fast_divider(set_routes):
+    """The vectorized kernel's 32-bit fast divider is exact below 2^31 only: a tensor of more elements (4.3 GB in
+    float16) takes the plain kernel, and every channel of its last rows is right."""
+    set_routes({"fused_batch_norm.cuda.cudnn_inference": False, "fused_batch_norm.cuda.vectorized": True})
+    C = 64
+    rows = (2**31 + 2**21) // C
+    x = torch.arange(C, dtype=torch.float16, device="cuda").repeat(rows, 1).view(rows, 1, 1, C)
+    ones, zeros = torch.ones(C, device="cuda"), torch.zeros(C, device="cuda")
+    plain, vec = torchops.backends.hits("fused_batch_norm.cuda.plain"), torchops.backends.hits("fused_batch_norm.cuda.vectorized")
+    y = fbn(x, ones, zeros, zeros, ones - 1e-3, 1e-3, 1.0, "NHWC", False)[0]
+    assert torchops.backends.hits("fused_batch_norm.cuda.plain") == plain + 1
+    assert torchops.backends.hits("fused_batch_norm.cuda.vectorized") == vec
+    tail = y.view(rows, C)[-(2**16):].float()
+    del x, y
+    torch.testing.assert_close(tail, torch.arange(C, dtype=torch.float32, device="cuda").expand_as(tail),
+                               rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.cuda
 @pytest.mark.parametrize("route", ["on", "off"])
 @pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 5, 6, 16)), ("NCHW", (4, 16, 5, 6))])
 def test_cuda_opcheck_on_each_route(set_routes, route, fmt, shape):
@@ -1268,8 +1289,11 @@ def test_cuda_opcheck_on_each_route(set_routes, route, fmt, shape):
     set_routes({"fused_batch_norm.cuda.cudnn": route == "on"})
     x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float32, "cuda", seed=14)
     args = (x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var, 1e-3, 0.5, fmt, True)
+    route_id = "fused_batch_norm.cuda." + ("cudnn" if route == "on" else "kernels")
+    ran = torchops.backends.hits(route_id)
     torch.library.opcheck(fbn.default, args)
     _, _, _, rs1, rs2, rs3 = fbn(*args)
+    assert torchops.backends.hits(route_id) > ran
     gargs = (torch.randn_like(x), x.detach(), scale.detach(), rs1, rs2, rs3, 1e-3, fmt, True)
     torch.library.opcheck(fbn_grad.default, gargs)
 
@@ -1284,11 +1308,13 @@ def test_cuda_compile_inductor_cudnn_route_matches_eager(set_routes):
         return (y * y).sum(), bm, bv
 
     results = []
+    ran = torchops.backends.hits("fused_batch_norm.cuda.cudnn")
     for fn in (f, torch.compile(f, fullgraph=True)):
         x, scale, offset, mean, var = make_inputs((4, 5, 6, 16), "NHWC", torch.float32, "cuda", seed=15)
         ins = [x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var]
         loss, bm, bv = fn(*ins)
         loss.backward()
         results.append([loss, bm, bv] + [t.grad for t in ins[:3]])
+    assert torchops.backends.hits("fused_batch_norm.cuda.cudnn") >= ran + 4  # eager and compiled, both passes
     for a, b in zip(*results):
         torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)

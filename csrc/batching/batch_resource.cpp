@@ -199,6 +199,7 @@ struct Task {
   bool done = false;
   bool holder = false;
   std::vector<at::Tensor> batched;
+  std::vector<std::optional<c10::Stream>> batched_streams;  // where each of `batched` was made (CUDA)
   at::Tensor index;
   std::string error;
 };
@@ -415,6 +416,9 @@ void process_batch(BatchState& s, Queue& q, Batch& b, const Task* caller) {
       if (!error.empty() || !group) set_done_locked(*tasks[j], false, {}, at::Tensor(), error);
     if (error.empty()) {
       holder.group = group;  // published to the holder's thread by the signal's mutex
+      // The batch was made on this thread's stream, which may not be the holder's (a timeout or worker thread).
+      holder.batched_streams.clear();
+      for (const auto& t : outs) holder.batched_streams.push_back(current_stream(t));
       set_done_locked(holder, true, std::move(outs), index, "");
     } else {
       set_done_locked(holder, false, {}, at::Tensor(), error);
@@ -716,6 +720,7 @@ BatchOutput BatchResource::run(std::vector<at::Tensor> inputs, const std::string
   out.id = task->id;
   if (task->holder) {
     out.batched = std::move(task->batched);
+    for (size_t i = 0; i < out.batched.size(); ++i) order_after(out.batched[i], task->batched_streams[i]);
     out.batch_index = std::move(task->index);
     t_holder.state = state_;
     t_holder.group = std::move(task->group);

@@ -4,6 +4,7 @@
 // common/cudnn_rnn_math.h, compiled per instruction set so that it vectorizes.
 #include "cpu/cpu_isa.h"
 #include "cpu/cudnn_rnn_onednn.h"
+#include "cudnn_rnn/cudnn_route.h"
 #include "cudnn_rnn/cudnn_rnn.h"
 
 #include <ATen/Dispatch.h>
@@ -149,7 +150,9 @@ void rnn_bwd_cpu(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& dg
 
 const Kernels kCpuKernels{lstm_fwd_cpu, gru_fwd_cpu,  rnn_fwd_cpu,          mask_state_cpu,
                           bwd_prep_cpu, lstm_bwd_cpu, gru_bwd_cpu,          rnn_bwd_cpu,
-                          c10::DeviceType::CPU,       &route::cpu_loops,    {&route::cpu_onednn, onednn_forward, onednn_backward}};
+                          c10::DeviceType::CPU,       &route::cpu_loops,
+                          {{&route::cpu_onednn, onednn_forward, onednn_backward},
+                           {&route::cpu_cudnn_standin, standin_forward, standin_backward}}};
 
 }  // namespace
 }  // namespace crnn

@@ -18,6 +18,9 @@
 #include <algorithm>
 #include <climits>
 #include <cstdint>
+#include <mutex>
+#include <set>
+#include <utility>
 
 namespace torchops {
 namespace brnn {
@@ -426,6 +429,23 @@ struct Plan {
   bool in_smem;  // weight slices in shared memory
 };
 
+// Lets `fn` use the device's whole opt-in shared memory, once per kernel and device. The attribute is
+// per-function state shared by every host thread: setting it to each call's own size would let a thread that
+// plans a smaller size shrink it between another thread's plan and launch (the launch then fails). The maximum
+// serves every plan, and the occupancy query takes each plan's size.
+void allow_max_dynamic_smem(const void* fn, const cudaDeviceProp& prop) {
+  static std::mutex mu;
+  static std::set<std::pair<const void*, int>> done;
+  int dev = 0;
+  C10_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.insert({fn, dev}).second) return;
+  const cudaError_t err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(prop.sharedMemPerBlockOptin));
+  if (err != cudaSuccess) done.erase({fn, dev});
+  C10_CUDA_CHECK(err);
+}
+
 // The launch of a kernel pair (weights in shared memory / read through L2) for B rows and C cells:
 // ng_max gates per matmul at most, w_per_cell weight elements per owned cell. False where the device
 // cannot run it (no cooperative launch, sizes beyond the int indexing, too few co-resident blocks).
@@ -451,7 +471,7 @@ bool plan_launch(KS* k_smem, KG* k_glob, int64_t B, int64_t C, int ng_max, int64
   out.grid = static_cast<int>(grid);
   auto fits = [&](const void* fn, size_t smem) {
     if (smem > prop->sharedMemPerBlockOptin) return false;
-    C10_CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    allow_max_dynamic_smem(fn, *prop);
     int per_sm = 0;
     C10_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, fn, kThreads, smem));
     return per_sm > 0 && per_sm * sms >= grid;

@@ -3,8 +3,8 @@
 // device-independent orchestration of csrc/cudnn_rnn/ops.cpp. One thread per (row, unit), grid-stride loops
 // with int64 indices; `lens` (int32, device) masks finished rows.
 #include "common/cudnn_rnn_math.h"
-#include "cuda/cudnn_rnn_cudnn.h"
 #include "cudnn_rnn/cudnn_rnn.h"
+#include "cudnn_rnn/cudnn_route.h"
 #include "cuda/grid_loop.cuh"
 
 #include <ATen/Dispatch.h>
@@ -260,7 +260,7 @@ void rnn_bwd_cuda(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& d
 
 const Kernels kCudaKernels{lstm_fwd_cuda, gru_fwd_cuda, rnn_fwd_cuda, mask_state_cuda, bwd_prep_cuda,
                            lstm_bwd_cuda, gru_bwd_cuda, rnn_bwd_cuda, c10::DeviceType::CUDA, &route::cuda_loops,
-                           {&route::cuda_cudnn, cudnn_forward, cudnn_backward}};
+                           {{&route::cuda_cudnn, cudnn_forward, cudnn_backward}}};
 
 }  // namespace
 }  // namespace crnn

@@ -264,6 +264,14 @@ unsigned elementwise_blocks(int64_t numel) {
 
 unsigned channel_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
 
+// The vectorized kernel indexes with ATen's 32-bit fast divider (IntDivider<uint32_t>), whose quotient is exact
+// only for dividends and divisors below 2^31: larger tensors take the plain kernel.
+constexpr int64_t kFastDividerMax = 2147483647;  // 2^31 - 1
+constexpr bool fast_divider_fits(int64_t numel, int64_t channels, int64_t inner) {
+  return numel <= kFastDividerMax && channels <= kFastDividerMax && inner <= kFastDividerMax;
+}
+static_assert(fast_divider_fits(kFastDividerMax, 1, 1) && !fast_divider_fits(kFastDividerMax + 1, 1, 1));
+
 // y = normalize(x) with per-channel mean, alpha, offset: the vectorized kernel where its route is on and the
 // layout and the pointers allow it, the plain one otherwise.
 template <typename T, typename U>
@@ -271,8 +279,7 @@ void launch_normalize(const Layout& L, const T* x, const U* mean, const U* alpha
                       T* y, cudaStream_t stream) {
   constexpr int VEC = 16 / sizeof(T);
   const bool aligned = reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 16 == 0;
-  const bool fits = numel <= static_cast<int64_t>(UINT32_MAX) && L.channels <= static_cast<int64_t>(UINT32_MAX) &&
-                    L.inner <= static_cast<int64_t>(UINT32_MAX);
+  const bool fits = fast_divider_fits(numel, L.channels, L.inner);
   const bool last = L.inner == 1;
   if (route::cuda_vectorized.enabled() && aligned && fits && (last ? L.channels % VEC == 0 : L.inner % VEC == 0)) {
     route::cuda_vectorized.ran();

@@ -5,7 +5,8 @@
 // (csrc/cpu/cudnn_rnn_kernel.cpp, csrc/cuda/cudnn_rnn_kernel.cu) over the scalar math of
 // csrc/common/cudnn_rnn_math.h and registers the op entry points bound to its table (Impls<K>), and
 // optionally a whole-op library route (CPU: oneDNN's LSTM, csrc/cpu/cudnn_rnn_onednn.cpp; CUDA: cuDNN,
-// csrc/cuda/cudnn_rnn_cudnn.cpp). The routes themselves are in cudnn_rnn/routes.cpp.
+// cudnn_rnn/cudnn_route.cpp, with a CPU stand-in of cuDNN in cudnn_rnn/cudnn_standin.cpp). The routes themselves
+// are in cudnn_rnn/routes.cpp.
 #pragma once
 
 #include "common/routes.h"
@@ -56,11 +57,14 @@ struct LibraryForward {
 };
 using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// The orchestration's header at the start of every reserve_space (a library route keeps its own data after it).
+constexpr int64_t kReserveHeaderBytes = 16 * 8;
+
 // A library route's reserve_space: `numel` elements over `data` (the orchestration writes its header), whose
-// storage owns `state` and releases it with `deleter`. reserve_state finds the state again; a copy of the
-// reserve does not carry it (null).
+// storage (storage_bytes, at least the elements' bytes: what `data` holds) owns `state` and releases it with
+// `deleter`. reserve_state finds the state again; a copy of the reserve does not carry it (null).
 at::Tensor reserve_owning(void* data, int64_t numel, const at::TensorOptions& options, void* state,
-                          void (*deleter)(void*));
+                          void (*deleter)(void*), int64_t storage_bytes = 0);
 const void* reserve_state(const at::Tensor& reserve, void (*deleter)(void*));
 
 // Per-step kernels. Every matrix argument is an [nb, n] view with unit column stride and any row
@@ -99,9 +103,10 @@ struct Kernels {
   c10::DeviceType device;
   // The route counted when the time loops ran the op.
   const routes::Route* loops_route = nullptr;
-  // Optional whole-op route through a vendor library, tried (when its route is enabled) after validation with
-  // time-major, contiguous tensors in the compute dtype; nullopt leaves the case to the time loops. A training
-  // forward returns a reserve of `reserve_numel` elements that only its backward can use.
+  // Optional whole-op routes through a vendor library, tried in order (when their route is enabled) after
+  // validation with time-major, contiguous tensors in the compute dtype; `lens` is the validated int32 lengths on
+  // the CPU (undefined when every length is T). nullopt leaves the case to the next route and finally to the time
+  // loops. A training forward returns a reserve of `reserve_numel` elements that only its backward can use.
   struct LibraryRoute {
     const routes::Route* route = nullptr;
     std::optional<LibraryForward> (*forward)(const Cfg& c, const Layout& lay, const at::Tensor& x,
@@ -114,7 +119,7 @@ struct Kernels {
                                   const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
                                   const at::Tensor& dY, const at::Tensor& dhN, const at::Tensor& dcN) = nullptr;
   };
-  LibraryRoute library;
+  LibraryRoute library[2] = {};
 };
 
 using T5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
@@ -122,7 +127,7 @@ using Str = c10::string_view;
 
 // The family's routes (cudnn_rnn/routes.cpp).
 namespace route {
-extern routes::Route cpu_onednn, cpu_loops, cuda_cudnn, cuda_loops;
+extern routes::Route cpu_onednn, cpu_cudnn_standin, cpu_loops, cuda_cudnn, cuda_loops;
 extern routes::CapabilityRoutes cpu_gate_kernels;
 }  // namespace route
 

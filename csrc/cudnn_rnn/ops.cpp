@@ -27,6 +27,7 @@
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -276,8 +277,8 @@ struct LensDigest {
 };
 
 // Validated sequence lengths on the compute device, or undefined when every length is T (no masking);
-// *digest: their LensDigest.
-Tensor prepare_lens(const Tensor& lens, const Cfg& c, const at::Device& dev, int64_t* digest) {
+// *digest: their LensDigest; *host (if given): the same lengths on the CPU (the one device-to-host copy).
+Tensor prepare_lens(const Tensor& lens, const Cfg& c, const at::Device& dev, int64_t* digest, Tensor* host = nullptr) {
   LensDigest dg;
   if (!lens.defined()) {
     for (int64_t b = 0; b < c.B; ++b) dg.add(c.T);
@@ -295,13 +296,14 @@ Tensor prepare_lens(const Tensor& lens, const Cfg& c, const at::Device& dev, int
   }
   *digest = dg.value();
   if (full) return Tensor();
+  if (host != nullptr) *host = h;
   return h.to(dev);
 }
 
 at::ScalarType compute_type(at::ScalarType t) { return t == at::kDouble ? at::kDouble : at::kFloat; }
 
 // ---- reserve_space layout ----
-constexpr int64_t kHeaderLongs = 16;
+constexpr int64_t kHeaderLongs = kReserveHeaderBytes / 8;
 constexpr int64_t kMagic = 0x54524e4e;  // "TRNN"
 
 struct Res {
@@ -390,8 +392,8 @@ void fill_masks(Res& r, double p, int64_t seed, int64_t seed2) {
 }  // namespace
 
 Tensor reserve_owning(void* data, int64_t numel, const at::TensorOptions& options, void* state,
-                      void (*deleter)(void*)) {
-  const int64_t bytes = numel * static_cast<int64_t>(options.dtype().itemsize());
+                      void (*deleter)(void*), int64_t storage_bytes) {
+  const int64_t bytes = std::max(numel * static_cast<int64_t>(options.dtype().itemsize()), storage_bytes);
   c10::DataPtr ptr(data, state, deleter, options.device());
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, std::move(ptr), /*allocator=*/nullptr,
                        /*resizable=*/false);
@@ -614,12 +616,14 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   const Tensor c0 = c.mode == kLstm ? prep(input_c, tm, cdt) : Tensor();
   const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
   int64_t lens_digest = 0;
-  const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest);
+  Tensor host_lens;
+  const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest, &host_lens);
   const bool has_mask = is_training && dropout > 0.0 && c.L > 1;
   const int64_t total = reserve_elems(c, has_mask, cdt);
-  if (k.library.forward != nullptr && dt == cdt && k.library.route->enabled()) {
-    if (auto lib = k.library.forward(c, lay, x, h0, c0, p, lens, dropout, is_training, total)) {
-      k.library.route->ran();
+  for (const auto& library : k.library) {
+    if (library.forward == nullptr || dt != cdt || !library.route->enabled()) continue;
+    if (auto lib = library.forward(c, lay, x, h0, c0, p, host_lens, dropout, is_training, total)) {
+      library.route->ran();
       Tensor reserve = at::empty({0}, input.options());
       if (is_training) {
         TORCH_INTERNAL_ASSERT(lib->reserve.numel() == total);
@@ -729,9 +733,10 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
     return {finish(dx, tm, dt), finish(dh0, tm, dt), dc_out, params_backprop};
   };
   const bool library = layout == kLibraryLayout;
-  if (library && k.library.backward != nullptr && dt == cdt && k.library.route->enabled()) {
-    if (auto g = k.library.backward(c, lay, buf, x, h0, c0, p, dY, dhN, dcN)) {
-      k.library.route->ran();
+  for (const auto& lib : k.library) {
+    if (!library || lib.backward == nullptr || dt != cdt || !lib.route->enabled()) continue;
+    if (auto g = lib.backward(c, lay, buf, x, h0, c0, p, dY, dhN, dcN)) {
+      lib.route->ran();
       return result(std::get<0>(*g), std::get<1>(*g), std::get<2>(*g), std::get<3>(*g));
     }
   }

@@ -17,6 +17,11 @@ Route cpu_onednn{"cudnn_rnn", "sequence", "onednn", DeviceType::CPU, kNoCapabili
                  "float32 lstm without projection, skip_input or sequence_lengths; training without dropout between "
                  "layers; oneDNN built and torch.backends.mkldnn enabled (what torch.nn.LSTM runs on the CPU)",
                  kCpuSuite};
+Route cpu_cudnn_standin{"cudnn_rnn", "sequence", "cudnn_standin", DeviceType::CPU, kNoCapability,
+                        "test-only: the cuDNN route's glue (cudnn_rnn.cuda.cudnn's cases) over a CPU stand-in of "
+                        "cuDNN that keeps its contract (weight list, packed batch_sizes, a backward that overwrites "
+                        "the reserve); off by default, for tests",
+                        kCpuSuite, /*default_on=*/false};
 Route cpu_loops{"cudnn_rnn", "sequence", "loops", DeviceType::CPU, kNoCapability,
                 "every case (per-step GEMMs and fused gate kernels)", kCpuSuite};
 Route cuda_cudnn{"cudnn_rnn", "sequence", "cudnn", DeviceType::CUDA, kNoCapability,
