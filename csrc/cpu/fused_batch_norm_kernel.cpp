@@ -10,6 +10,7 @@
 // SIMD sums of U are flushed into double totals every few elements (kRowBlock*, kRunChunk).
 #include "common/fused_batch_norm_math.h"
 #include "cpu/cpu_isa.h"
+#include "fused_batch_norm/cudnn_route.h"
 #include "fused_batch_norm/fused_batch_norm.h"
 
 #include <ATen/Dispatch.h>
@@ -142,7 +143,9 @@ void cpu_backward(const Layout& L, const at::Tensor& dy, const at::Tensor& x, co
   cpu_kernels().backward(L, dy, x, scale, mu, var, eps, training, dx, dscale, doffset);
 }
 
-const Kernels kCpuKernels{cpu_train_forward, cpu_infer_forward, cpu_backward};
+const Kernels kCpuKernels{cpu_train_forward, cpu_infer_forward, cpu_backward, &route::cpu_kernels,
+                          {{&route::cpu_cudnn_standin, standin_forward, standin_backward},
+                           {&route::cpu_cudnn_standin, standin_inference_forward, nullptr}}};
 
 }  // namespace
 }  // namespace fbn

@@ -9,7 +9,7 @@
 // runs the case and its route is on, the Kernels table's library routes (cuda/fused_batch_norm_cudnn.cpp) take it
 // instead.
 #include "common/fused_batch_norm_math.h"
-#include "cuda/fused_batch_norm_cudnn.h"
+#include "fused_batch_norm/cudnn_route.h"
 #include "fused_batch_norm/fused_batch_norm.h"
 
 #include <ATen/Dispatch.h>

@@ -72,6 +72,7 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
 
 // The family's routes (fused_batch_norm/routes.cpp).
 namespace route {
+extern routes::Route cpu_cudnn_standin, cpu_kernels;
 extern routes::Route cpu_avx2, cpu_default;
 extern routes::Route cuda_cudnn, cuda_cudnn_inference, cuda_kernels;
 extern routes::Route cuda_vectorized, cuda_plain;

@@ -13,6 +13,14 @@ using routes::Route;
 
 constexpr const char* kH100 = "NVIDIA H100, torch 2.11, 2026-11-26";
 
+// CPU: the cuDNN route's glue over a stand-in of cuDNN (for tests), else the loops below.
+Route cpu_cudnn_standin{"fused_batch_norm", "op", "cudnn_standin", DeviceType::CPU, kNoCapability,
+                        "test only: the cuDNN route's glue over a CPU stand-in that keeps cuDNN's contract "
+                        "(float32/float16, epsilon >= 1e-5, torch.backends.cudnn enabled)",
+                        kCpuSuite, /*default_on=*/false};
+Route cpu_kernels{"fused_batch_norm", "op", "kernels", DeviceType::CPU, kNoCapability,
+                  "every case (the loops of the kernels slot)", kCpuSuite};
+
 // CPU: the loops per capability (the AVX-512 capability runs the AVX2 build: 32-byte vectors gain nothing from it).
 Route cpu_avx2{"fused_batch_norm", "kernels", "avx2", DeviceType::CPU, static_cast<int>(Capability::AVX2),
                "every case (AVX2 + FMA build of the loops)", kCpuSuite};
