@@ -274,26 +274,23 @@ def test_module_trains_under_autocast_like_float32(device, dtype, name):
     assert losses[-1] < losses[0]
 
 
+# torchops module -> (torch.nn module, converter) with the same weights
+TWINS = {"CudnnLSTM": (lambda: nn.LSTM(6, 8), CudnnLSTM.from_torch),
+         "CudnnGRU": (lambda: nn.GRU(6, 8), CudnnGRU.from_torch),
+         "CudnnRNNTanh": (lambda: nn.RNN(6, 8), CudnnRNNTanh.from_torch),
+         "BlockLSTM": (lambda: nn.LSTM(6, 8), BlockLSTM.from_torch),
+         "LSTMBlockCell": (lambda: nn.LSTMCell(6, 8), LSTMBlockCell.from_torch)}
+
+
 def _torch_twin(name):
     """(torchops module, its torch.nn equivalent with the same weights)."""
-    if name == "CudnnLSTM":
-        ref = nn.LSTM(6, 8)
-        return CudnnLSTM.from_torch(ref), ref
-    if name == "CudnnGRU":
-        ref = nn.GRU(6, 8)
-        return CudnnGRU.from_torch(ref), ref
-    if name == "CudnnRNNTanh":
-        ref = nn.RNN(6, 8)
-        return CudnnRNNTanh.from_torch(ref), ref
-    if name == "BlockLSTM":
-        ref = nn.LSTM(6, 8)
-        return BlockLSTM.from_torch(ref), ref
-    ref = nn.LSTMCell(6, 8)
-    return LSTMBlockCell.from_torch(ref), ref
+    make, convert = TWINS[name]
+    ref = make()
+    return convert(ref), ref
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("name", ["CudnnLSTM", "CudnnGRU", "CudnnRNNTanh", "BlockLSTM", "LSTMBlockCell"])
+@pytest.mark.parametrize("name", list(TWINS))
 def test_module_under_autocast_matches_torch_nn_under_autocast(device, name):
     torch.manual_seed(3)
     ours, ref = _torch_twin(name)
