@@ -14,6 +14,7 @@
 //   <family>/routes.cpp       the family's route table (common/routes.h): which implementation runs
 //   cuda/<family>_kernel.cu   CUDA kernels; cuda/*.cpp host code (cuDNN through ATen); CUDA builds only
 //   autograd/<family>.cpp     autograd::Functions at the Autograd key
+//   autocast/<family>.cpp     the differentiable ops at AutocastCPU and AutocastCUDA (autocast/autocast.h)
 //   common/<family>_math.h    scalar math shared by the CPU and CUDA kernels
 // Shared helpers: common/arg_checks.h (every family); rnn_util.h and cpu/packed_gemm* (the two RNN families).
 // Registration: every TORCH_LIBRARY_IMPL block is (or calls) a plain list of m.impl("op", function) lines; a

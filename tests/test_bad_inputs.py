@@ -526,7 +526,8 @@ MODULE_CASES = [
     (lambda: tnn.GRUBlockCell(-1, 4), "input_size"),
     (lambda: tnn.BlockGRU(3, 0), "cell_size"),
     (lambda: tnn.BlockLSTM(3, 4.0), "cell_size"),
-    (lambda: tnn.BatchNorm2d(4, eps=-1.0)(torch.ones(2, 4, 2, 2)), "epsilon"),
+    # (negative eps: torch.nn.BatchNorm2d's own check and message)
+    (lambda: tnn.BatchNorm2d(4, eps=-1.0)(torch.ones(2, 4, 2, 2)), "eps must be positive during training"),
     (lambda: tnn.BatchNorm2d(4, eps=NAN)(torch.ones(2, 4, 2, 2)), "epsilon"),
     (lambda: tnn.BatchNorm2d(4, eps=INF).eval()(torch.ones(2, 4, 2, 2)), "epsilon"),
     (lambda: tnn.Batched(torch.nn.Identity(), allowed_batch_sizes=[-1, 32]), "allowed_batch_sizes"),
@@ -708,7 +709,9 @@ def test_case10_batch_norm_epsilon(eps):
     g = fbn_grad_args()
     with pytest.raises(ValueError, match="epsilon must be a finite number >= 0"):
         ops.fused_batch_norm_grad_v3(**g, epsilon=eps)
-    with pytest.raises(ValueError, match="epsilon must be a finite number >= 0"):
+    # the module refuses a negative eps first, with torch.nn.BatchNorm2d's message
+    module_msg = "eps must be positive during training" if eps < 0 else "epsilon must be a finite number >= 0"
+    with pytest.raises(ValueError, match=module_msg):
         tnn.BatchNorm2d(C, eps=eps)(torch.ones(2, C, 2, 2))
     with pytest.raises(ValueError, match="epsilon"):
         ops.fused_batch_norm_v3(**{k: v.to("meta") for k, v in a.items()}, epsilon=eps)

@@ -146,3 +146,22 @@ def test_small_model_trains(kind):
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.5 * losses[0], losses
+
+
+def test_block_lstm_refuses_a_state_tuple_of_three_like_torch():
+    x, h = torch.randn(3, 2, 4), torch.zeros(1, 2, 5)
+    with pytest.raises(RuntimeError, match="lstm expects two hidden states") as ref:
+        nn.LSTM(4, 5)(x, (h, h, h))
+    with pytest.raises(RuntimeError, match="lstm expects two hidden states") as ours:
+        BlockLSTM(4, 5)(x, (h, h, h))
+    assert type(ours.value) is type(ref.value) and "got a tuple of 3" in str(ours.value)
+    y, (h_n, c_n) = BlockLSTM(4, 5)(x, (h, h))  # the pair still works
+    assert y.shape == (3, 2, 5)
+
+
+def test_lstm_block_cell_refuses_a_state_tuple_of_three_like_torch():
+    x, h = torch.randn(2, 4), torch.zeros(2, 5)
+    with pytest.raises(RuntimeError, match="lstm_cell expects two hidden states"):
+        nn.LSTMCell(4, 5)(x, (h, h, h))
+    with pytest.raises(RuntimeError, match="lstm_cell expects two hidden states"):
+        LSTMBlockCell(4, 5)(x, (h, h, h))

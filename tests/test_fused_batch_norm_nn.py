@@ -205,3 +205,24 @@ def test_scripted_module_matches_eager():
     m.eval()
     x = torch.randn(2, 3, 5, 5)
     torch.testing.assert_close(s(x), m(x))
+
+
+@pytest.mark.parametrize("cls,ref_cls,shape", [(torchops.nn.BatchNorm2d, nn.BatchNorm2d, (2, 3, 4, 4)),
+                                               (torchops.nn.BatchNorm3d, nn.BatchNorm3d, (2, 3, 2, 3, 4))])
+@pytest.mark.parametrize("eps,training", [(0.0, True), (-1e-5, True), (-1e-5, False)])
+def test_nonpositive_eps_refused_like_torch(cls, ref_cls, shape, eps, training):
+    x = torch.randn(shape)
+    msgs = []
+    for c in (cls, ref_cls):
+        m = c(3, eps=eps).train(training)
+        with pytest.raises(ValueError) as e:
+            m(x)
+        msgs.append(str(e.value))
+    assert msgs[0] == msgs[1]
+    assert ("eps must be positive during training" if training else "eps must be non-negative") in msgs[0]
+
+
+def test_zero_eps_allowed_in_eval_like_torch():
+    x = torch.randn(2, 3, 4, 4)
+    m, ref = torchops.nn.BatchNorm2d(3, eps=0.0).eval(), nn.BatchNorm2d(3, eps=0.0).eval()
+    torch.testing.assert_close(m(x), ref(x))

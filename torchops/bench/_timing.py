@@ -16,6 +16,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def autocast_dtypes(device: torch.device) -> List[torch.dtype]:
+    """The autocast dtypes the mixed-precision rows run: bfloat16 on the CPU, float16 and bfloat16 on CUDA."""
+    return [torch.float16, torch.bfloat16] if device.type == "cuda" else [torch.bfloat16]
+
+
+def under_autocast(fn: Callable[[], object], device: torch.device, dtype: torch.dtype) -> Callable[[], object]:
+    """fn() run inside torch.autocast(device, dtype)."""
+    def run():
+        with torch.autocast(device.type, dtype=dtype):
+            return fn()
+    return run
+
+
 def median_seconds(fn: Callable[[], object], device: torch.device, min_time: float = 0.5, warmup: int = 3,
                    max_reps: int = 200) -> float:
     """Median wall time of fn() over repetitions that together take about `min_time` seconds. On CUDA each

@@ -6,10 +6,15 @@
   also (100, 64, 512, 512) and block_lstm (TF's first version: icfo gate order, forget bias 1, cell clip 3).
 "forward" runs with gradients enabled (training forward); "fwd+bwd" adds the backward of out.sum()
 to every input and parameter. float32.
+* "autocast <dtype>": the modules BlockLSTM (v2) vs torch.nn.LSTM (same weights, from_torch) and BlockGRU vs
+  torch.nn.GRU, float32 parameters called under `torch.autocast` (bfloat16 on the CPU, float16 and bfloat16 on
+  CUDA), both sides under the same autocast; (T, B, I, C) = (50, 32, 128, 256).
 """
+import itertools
+
 import torch
 
-from ._timing import compare_cases
+from ._timing import autocast_dtypes, compare_cases, under_autocast
 
 CELL_SHAPES = [(64, 256, 256), (256, 512, 512)]
 SEQ_SHAPES = [(50, 32, 128, 256)]
@@ -75,7 +80,33 @@ def _cases(device):
             native, 0, [x, h0] + list(gru.parameters()))
 
 
+def _autocast_cases(device):
+    import torchops
+
+    for (t, b, i, c) in SEQ_SHAPES:
+        torch.manual_seed(0)
+        lstm = torch.nn.LSTM(i, c).to(device)
+        gru = torch.nn.GRU(i, c).to(device)
+        pairs = [("BlockLSTM vs nn.LSTM", torchops.nn.BlockLSTM.from_torch(lstm), lstm),
+                 ("BlockGRU vs nn.GRU", torchops.nn.BlockGRU(i, c, device=device), gru)]
+        x = _p(t, b, i, device=device)
+        for dtype in autocast_dtypes(device):
+            for label, ours, native in pairs:
+                name = f"{label} T={t} B={b} I={i} C={c} autocast {str(dtype).split('.')[-1]}"
+
+                def fwd(m, x=x):
+                    return m(x)[0]
+
+                def fwd_bwd(m, x=x):
+                    torch.autograd.grad(m(x)[0].float().sum(), [x] + list(m.parameters()))
+
+                yield (name + " forward", under_autocast(lambda m=ours: fwd(m), device, dtype),
+                       under_autocast(lambda m=native: fwd(m), device, dtype))
+                yield (name + " fwd+bwd", under_autocast(lambda m=ours: fwd_bwd(m), device, dtype),
+                       under_autocast(lambda m=native: fwd_bwd(m), device, dtype))
+
+
 def run(args):
     device = torch.device(args.device)
-    return compare_cases(_cases(device), args, device,
-                         "block_rnn (float32): torchops vs PyTorch (composed ops / nn.LSTM / nn.GRU)")
+    return compare_cases(itertools.chain(_cases(device), _autocast_cases(device)), args, device,
+                         "block_rnn (float32 and autocast): torchops vs PyTorch (composed ops / nn.LSTM / nn.GRU)")

@@ -6,12 +6,14 @@ end:
 * "varlen fwd+bwd": `sequence_lengths` vs pack_padded_sequence -> module -> pad_packed_sequence;
 * "module overhead": the module vs a direct `cudnn_rnn_v3` call on the same tensors (a tiny shape, where
   the wrapper's cost shows; ratio = module / op).
+* "autocast <dtype> inference / train fwd+bwd": the same, float32 modules called under `torch.autocast`
+  (bfloat16 on the CPU, float16 and bfloat16 on CUDA), 1 layer, both sides under the same autocast.
 The op-level figures (every op against torch, both shapes of the issue) are in the `cudnn_rnn` family.
 `--quick`: one shape, 1 layer.
 """
 import torch
 
-from ._timing import compare_cases
+from ._timing import autocast_dtypes, compare_cases, under_autocast
 
 SHAPES = [(50, 32, 128, 256)]
 
@@ -70,6 +72,7 @@ def _cases(device, quick):
                     torch.autograd.grad(y.sum(), [x] + list(ref.parameters()))
 
                 yield name + " varlen fwd+bwd", var_ours, var_native
+        yield from _autocast_cases(device, mode, torch_cls, ours_cls)
         # wrapper overhead: the module vs the op it calls, on a tiny problem
         torch.manual_seed(0)
         m = ours_cls(1, 16, 8, time_major=False, device=device).eval()
@@ -91,7 +94,32 @@ def _cases(device, quick):
         yield f"{mode} T=5 B=4 I=8 H=16 module overhead (module / op)", mod_call, op_call
 
 
+def _autocast_cases(device, mode, torch_cls, ours_cls):
+    for (t, b, i, h) in SHAPES:
+        torch.manual_seed(0)
+        ref = torch_cls(i, h, batch_first=True).to(device)
+        m = ours_cls.from_torch(ref)
+        x = torch.randn(b, t, i, device=device, requires_grad=True)
+        for dtype in autocast_dtypes(device):
+            name = f"{mode} T={t} B={b} I={i} H={h} L=1 uni autocast {str(dtype).split('.')[-1]}"
+
+            def inf(mod, x=x):
+                mod.eval()
+                with torch.no_grad():
+                    return mod(x)
+
+            def train(mod, params, x=x):
+                mod.train()
+                y = mod(x)[0]
+                torch.autograd.grad(y.float().sum(), [x] + params)
+
+            yield (name + " inference", under_autocast(lambda m=m: inf(m), device, dtype),
+                   under_autocast(lambda ref=ref: inf(ref), device, dtype))
+            yield (name + " train fwd+bwd", under_autocast(lambda m=m: train(m, [m.params]), device, dtype),
+                   under_autocast(lambda ref=ref: train(ref, list(ref.parameters())), device, dtype))
+
+
 def run(args):
     device = torch.device(args.device)  # on CUDA the driver sets TF32 for both sides (--precision)
     return compare_cases(_cases(device, args.quick), args, device,
-                         "cudnn_rnn_nn (float32, batch-major): torchops.nn modules vs torch.nn.LSTM / torch.nn.GRU", rounds=3)
+                         "cudnn_rnn_nn (float32 and autocast, batch-major): torchops.nn modules vs torch.nn.LSTM / torch.nn.GRU", rounds=3)

@@ -204,6 +204,9 @@ class LSTMBlockCell(_LSTMParams):
         if hx is None:
             z = torch.zeros(input.size(0), self.cell_size, dtype=input.dtype, device=input.device)
             hx = (z, z)
+        if not torch.jit.is_scripting():
+            if len(hx) != 2:  # torch.nn.LSTMCell's error for an (h, c, extra) tuple
+                raise RuntimeError(f"lstm_cell expects two hidden states (h, c), got a tuple of {len(hx)}")
         h, c = hx
         out = torch.ops.torchops.lstm_block_cell(input, c, h, self.w, self.wci, self.wcf, self.wco, self.b,
                                                  self.forget_bias, self.cell_clip, self.use_peephole)
@@ -274,6 +277,9 @@ class BlockLSTM(_LSTMParams):
             h0 = torch.zeros(B, C, dtype=x.dtype, device=x.device)
             c0 = h0
         else:
+            if not torch.jit.is_scripting():
+                if len(hx) != 2:  # torch.nn.LSTM's error for an (h, c, extra) tuple
+                    raise RuntimeError(f"lstm expects two hidden states (h0, c0), got a tuple of {len(hx)}")
             h0, c0 = _initial_state(hx[0], B, C, "h0"), _initial_state(hx[1], B, C, "c0")
         seq = torch.tensor(x.size(0), dtype=torch.int64)
         if self.version == 2:

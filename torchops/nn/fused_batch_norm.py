@@ -62,6 +62,11 @@ class _FusedBatchNorm(nn.modules.batchnorm._BatchNorm):
                 size *= d
             if size == 1:
                 raise ValueError(f"Expected more than 1 value per channel when training, got input size {input.shape}")
+        # torch.nn.functional.batch_norm's checks and messages, in its order
+        if bn_training and self.eps <= 0.0:
+            raise ValueError(f"batch_norm eps must be positive during training, but got {self.eps}")
+        elif self.eps < 0.0:
+            raise ValueError(f"batch_norm eps must be non-negative, but got {self.eps}")
 
         scale = self._as_stats(self.weight, 1.0, input)
         offset = self._as_stats(self.bias, 0.0, input)
