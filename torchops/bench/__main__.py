@@ -39,6 +39,7 @@ from . import cudnn_rnn
 from . import accumulator
 from . import cudnn_rnn_nn
 from . import markdown
+from . import sync_replicas
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
@@ -48,6 +49,7 @@ FAMILIES = {
     "cudnn_rnn": cudnn_rnn,
     "accumulator": accumulator,
     "cudnn_rnn_nn": cudnn_rnn_nn,
+    "sync_replicas": sync_replicas,
 }
 
 
