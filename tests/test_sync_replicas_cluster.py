@@ -143,6 +143,9 @@ def test_config_errors(no_torchrun_env):
         cluster._config(0, 1, "127.0.0.1", 1234, None, None)
     with pytest.raises(ValueError, match="master_port must be in"):
         cluster._config(0, 2, "127.0.0.1", 70000, None, None)
+    with pytest.raises(ValueError, match=r"replicas_to_aggregate must be in \[1, world_size - 1 = 2\].*got 3"):
+        run_sync_replicas(H.model_fn, H.optimizer_fn, H.loss_fn, lambda w: [], replicas_to_aggregate=3, num_steps=1,
+                          rank=0, world_size=3, master_addr="127.0.0.1", master_port=1234)
     with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint path"):
         run_sync_replicas(H.model_fn, H.optimizer_fn, H.loss_fn, lambda w: [], replicas_to_aggregate=1, num_steps=1,
                           checkpoint_every=2, rank=0, world_size=2, master_addr="127.0.0.1", master_port=1234)
