@@ -38,10 +38,7 @@ def _assert_state_equal(a, b):
         assert torch.equal(a[k], b[k]), k
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_free_port = cluster._free_port
 
 
 @pytest.fixture
@@ -151,6 +148,8 @@ def test_config_errors(no_torchrun_env):
                           checkpoint_every=2, rank=0, world_size=2, master_addr="127.0.0.1", master_port=1234)
     with pytest.raises(RuntimeError, match="cannot listen on 192.0.2.1"):  # (TEST-NET: not this host's)
         cluster._listen("192.0.2.1", 0)
+    with pytest.raises(RuntimeError, match="cannot listen on no-such-host.invalid"):
+        cluster._listen("no-such-host.invalid", 0)
 
 
 def test_checkpoint_written_atomically_and_checked_on_load(tmp_path, monkeypatch):

@@ -11,13 +11,13 @@ Columns (steps/s over the steps after a warm-up, timed in rank 0 of each run, pr
 CPU only (every process runs one intra-op thread).
 """
 import os
-import socket
 import statistics
 import time
 
 import torch
 from torch import nn
 
+from ..optim import cluster
 from ._timing import print_table
 
 WORKERS = 4
@@ -105,18 +105,12 @@ def _ddp_proc(rank, port, steps, delay, results):
         dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _spawn(target, nprocs, steps, delay):
     import torch.multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    port = _free_port()
+    port = cluster._free_port()
     procs = [ctx.Process(target=target, args=(rank, port, steps, delay, results), daemon=True) for rank in range(nprocs)]
     for p in procs:
         p.start()

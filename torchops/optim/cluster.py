@@ -160,7 +160,11 @@ def _key(cfg: _Config, what: str) -> str:
 def _listen(host: str, port: int) -> socket.socket:
     """A listening socket on `host` (an address or a name resolved to this host's addresses) only."""
     errors = []
-    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    try:
+        addrs = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        addrs, errors = [], [f"{host}: {e}"]
+    for family, kind, proto, _, addr in addrs:
         s = socket.socket(family, kind, proto)
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
