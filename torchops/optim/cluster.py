@@ -255,7 +255,7 @@ class _Server:
                 break
             sock.settimeout(None)
             t = threading.Thread(target=self._serve, args=(sock,), name="sync-replicas-conn", daemon=True)
-            self.threads.append(t)
+            self.threads = [x for x in self.threads if x.is_alive()] + [t]
             t.start()
 
     def _handshake(self, sock: socket.socket) -> int:
