@@ -7,7 +7,6 @@ import os
 import signal
 import time
 
-import torch
 
 import sync_replicas_helpers as H
 from torchops.optim import run_sync_replicas

@@ -1,6 +1,6 @@
 """Synchronous-replica training (torchops.optim): SyncReplicasOptimizer across threads, and the
-train_sync_replicas driver with worker threads and with worker processes over torch.distributed.rpc
-(1 parameter server + 3 workers, replicas_to_aggregate=2)."""
+train_sync_replicas driver with worker threads and with worker processes (run_sync_replicas over 127.0.0.1:
+1 parameter server + 3 workers, replicas_to_aggregate=2)."""
 import threading
 import time
 
@@ -130,7 +130,7 @@ def test_processes_worker_killed_midrun_completes_with_stale():
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_processes_cuda_model_equals_single_process():
-    # models on the GPU in every process: parameters and gradients cross the RPC as CPU tensors
+    # models on the GPU in every process: parameters and gradients cross the connections as CPU tensors
     shards = H.make_shards(3)
     r = train_sync_replicas(H.cuda_model_fn, H.optimizer_fn, H.cuda_loss_fn, shards, num_workers=3,
                             replicas_to_aggregate=2, num_steps=NUM_STEPS, mode="processes",

@@ -4,7 +4,8 @@ Fast tests run every rank in one process (rank 0 in the test's thread, workers i
 exact results against a fixed schedule, refused peers, the TimeoutError naming missing ranks, checkpoints and
 resuming. The slow tests launch tests/sync_replicas_torchrun.py with torchrun: 1 server + 3 workers on
 127.0.0.1, the same across two network namespaces (root only), a straggler, a worker SIGKILLed and restarted
-by its torchrun agent, and a SIGKILLed server that torchrun restarts from its checkpoint. All traffic goes to
+by its torchrun agent, and a SIGKILLed server that torchrun restarts from its checkpoint (with the workers
+restarted too, or, under their own agent, reconnecting). All traffic goes to
 127.0.0.1 or to the addresses the test gives its own namespaces; ports are picked at run time.
 """
 import copy
@@ -38,10 +39,7 @@ def _assert_state_equal(a, b):
         assert torch.equal(a[k], b[k]), k
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+_free_port = cluster._free_port
 
 
 @pytest.fixture
@@ -143,11 +141,16 @@ def test_config_errors(no_torchrun_env):
         cluster._config(0, 1, "127.0.0.1", 1234, None, None)
     with pytest.raises(ValueError, match="master_port must be in"):
         cluster._config(0, 2, "127.0.0.1", 70000, None, None)
+    with pytest.raises(ValueError, match=r"replicas_to_aggregate must be in \[1, world_size - 1 = 2\].*got 3"):
+        run_sync_replicas(H.model_fn, H.optimizer_fn, H.loss_fn, lambda w: [], replicas_to_aggregate=3, num_steps=1,
+                          rank=0, world_size=3, master_addr="127.0.0.1", master_port=1234)
     with pytest.raises(ValueError, match="checkpoint_every needs a checkpoint path"):
         run_sync_replicas(H.model_fn, H.optimizer_fn, H.loss_fn, lambda w: [], replicas_to_aggregate=1, num_steps=1,
                           checkpoint_every=2, rank=0, world_size=2, master_addr="127.0.0.1", master_port=1234)
     with pytest.raises(RuntimeError, match="cannot listen on 192.0.2.1"):  # (TEST-NET: not this host's)
         cluster._listen("192.0.2.1", 0)
+    with pytest.raises(RuntimeError, match="cannot listen on no-such-host.invalid"):
+        cluster._listen("no-such-host.invalid", 0)
 
 
 def test_checkpoint_written_atomically_and_checked_on_load(tmp_path, monkeypatch):
@@ -299,6 +302,22 @@ def test_torchrun_server_sigkill_resumes_from_checkpoint(tmp_path):
     assert r["restart_count"] == 1 and r["resumed_from"] == 4 and r["global_steps"] == NUM_STEPS
     _assert_state_equal(r["state_dict"], H.reference_run(H.make_shards(3), NUM_STEPS, H.rotating_schedule))
     assert sorted(os.listdir(tmp_path)) == ["ck.pt", "r.pt"]  # (no temporary checkpoint left behind)
+
+
+@pytest.mark.slow
+def test_torchrun_server_restarted_alone_workers_reconnect(tmp_path):
+    """Rank 0 alone under its own agent (node 0 of 2, --max-restarts=1) kills itself after step 5; the agent
+    restarts it, it resumes from the step-4 checkpoint, and node 1's workers (never restarted) reconnect and
+    carry the job to the uninterrupted run's parameters."""
+    out, ck = str(tmp_path / "r.pt"), str(tmp_path / "ck.pt")
+    common = ["--nnodes=2", "--master-addr=127.0.0.1", f"--master-port={_free_port()}"]
+    script = ["--out", out, "--checkpoint", ck, "--every", "2", "--kill-server", "5"]
+    outs = _finish([_torchrun([*common, "--node-rank=0", "--nproc-per-node=1", "--max-restarts=1"], script),
+                    _torchrun([*common, "--node-rank=1", "--nproc-per-node=3"], script)])
+    assert "exitcode: -9" in outs[0] and "exitcode" not in outs[1]
+    r = _result(out)
+    assert r["restart_count"] == 1 and r["resumed_from"] == 4 and r["joins"] == [2, 2, 2]
+    _assert_state_equal(r["state_dict"], H.reference_run(H.make_shards(3), NUM_STEPS, H.rotating_schedule))
 
 
 def _can_make_namespaces():

@@ -45,6 +45,7 @@ from . import accumulator
 from . import cudnn_rnn_nn
 from . import markdown
 from . import plot
+from . import sync_replicas
 
 # filter keyword -> family module; each exposes run(args) -> list of result dicts (and prints its table)
 FAMILIES = {
@@ -54,6 +55,7 @@ FAMILIES = {
     "cudnn_rnn": cudnn_rnn,
     "accumulator": accumulator,
     "cudnn_rnn_nn": cudnn_rnn_nn,
+    "sync_replicas": sync_replicas,
 }
 
 

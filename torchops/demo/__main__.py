@@ -5,7 +5,7 @@ End to end on scikit-learn's bundled 8x8 digits (no download):
 1. data: a fixed-seed train/test split, the training set sharded over K workers;
 2. model: conv net with torchops.nn.BatchNorm2d on channels-last memory, recurrent head over image rows
    (torchops.nn.CudnnGRU / CudnnLSTM / BlockLSTM);
-3. training: K worker threads (or processes through torch.distributed.rpc with --processes) with
+3. training: K worker threads (or processes, torchops.optim.run_sync_replicas over 127.0.0.1, with --processes) with
    torchops.optim.SyncReplicasOptimizer, replicas_to_aggregate = K - 1, until test accuracy >= target;
 4. export: TorchScript, saved, reloaded in a fresh process, outputs checked equal;
 5. serving: the reloaded model behind torchops.nn.Batched, 16 client threads, every test image;
@@ -33,7 +33,7 @@ def parse_args(argv=None):
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--rnn", choices=RNN_KINDS, default="gru", help="recurrent head (default: gru)")
     p.add_argument("--workers", type=int, default=4, help="K replicas; K - 1 gradients aggregated per step (default: 4)")
-    p.add_argument("--processes", action="store_true", help="replicas as processes through torch.distributed.rpc")
+    p.add_argument("--processes", action="store_true", help="replicas as processes (torchops.optim.run_sync_replicas over 127.0.0.1)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     p.add_argument("--epochs", type=int, default=15, help="most epochs before giving up on the target (default: 15)")
     p.add_argument("--steps", type=int, default=None, help="most global steps (overrides --epochs; for quick runs)")

@@ -5,7 +5,6 @@ import copy
 import functools
 import io
 import math
-import os
 import sys
 import time
 from dataclasses import dataclass, field
@@ -216,8 +215,6 @@ def _train_sync_replicas(driver, cfg, train_set, test_set, per_epoch, total, pro
                                quiet=progress.quiet)
     if not cfg.processes:
         evaluator.progress = progress
-    if cfg.processes:  # (spawned processes read it at start: no C++ warnings about the RPC pipes closing at the end)
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     t0 = time.perf_counter()
     model_fn = functools.partial(build_model, cfg.rnn, cfg.seed, cfg.device)
     try:

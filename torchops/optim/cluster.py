@@ -160,7 +160,11 @@ def _key(cfg: _Config, what: str) -> str:
 def _listen(host: str, port: int) -> socket.socket:
     """A listening socket on `host` (an address or a name resolved to this host's addresses) only."""
     errors = []
-    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, type=socket.SOCK_STREAM):
+    try:
+        addrs = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as e:
+        addrs, errors = [], [f"{host}: {e}"]
+    for family, kind, proto, _, addr in addrs:
         s = socket.socket(family, kind, proto)
         try:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -251,7 +255,7 @@ class _Server:
                 break
             sock.settimeout(None)
             t = threading.Thread(target=self._serve, args=(sock,), name="sync-replicas-conn", daemon=True)
-            self.threads.append(t)
+            self.threads = [x for x in self.threads if x.is_alive()] + [t]
             t.start()
 
     def _handshake(self, sock: socket.socket) -> int:
@@ -308,20 +312,13 @@ class _Server:
         msg = _recv(sock, self.frame_limit)
         op = msg.get("op") if isinstance(msg, dict) else None
         if op == "pull":
-            after = msg.get("after")
-            if not isinstance(after, int):
-                raise _Refused(f"pull: after must be an int, got {after!r}")
-            while True:
-                try:
-                    step, params, done = self.opt.pull(after, timeout=0.5)
-                    break
-                except TimeoutError:
-                    if _peer_closed(sock):
-                        return False
-            _send(sock, {"step": step, "params": [p.cpu() for p in params], "done": done})
+            reply = self._pull(sock, msg.get("after"))
+            if reply is None:
+                return False
+            _send(sock, reply)
             return True
         if op == "push":
-            step, grads = msg.get("step"), msg.get("grads")
+            step, grads, then = msg.get("step"), msg.get("grads"), msg.get("then_pull_after")
             if not isinstance(step, int) or not isinstance(grads, list) or not all(
                     g is None or isinstance(g, Tensor) for g in grads):
                 raise _Refused("push: expected an int step and a list of tensors (or None)")
@@ -335,7 +332,14 @@ class _Server:
                 if accepted:
                     self.pushes[w] += 1
                     self.stale[w] += self.opt.stale_by_tag.get(w, 0) - stale_before
-            _send(sock, {"ok": True})
+            if then is None:
+                _send(sock, {"ok": True})
+                return True
+            # push-then-pull: the worker's next pull rides on this request (one round trip per step)
+            reply = self._pull(sock, then)
+            if reply is None:
+                return False
+            _send(sock, {"ok": True, "pull": reply})
             return True
         if op == "bye":
             with self.cond:
@@ -343,6 +347,18 @@ class _Server:
                 self.cond.notify_all()
             return False
         raise _Refused(f"unknown request {op!r}")
+
+    def _pull(self, sock: socket.socket, after) -> Optional[Dict[str, Any]]:
+        """The parameters once the step is past `after`; None if the peer went away meanwhile."""
+        if not isinstance(after, int):
+            raise _Refused(f"pull: after must be an int, got {after!r}")
+        while True:
+            try:
+                step, params, done = self.opt.pull(after, timeout=0.5)
+                return {"step": step, "params": [p.cpu() for p in params], "done": done}
+            except TimeoutError:
+                if _peer_closed(sock):
+                    return None
 
     # ------------------------------------------------------------------------------------ chief
     def _missing(self, step: int, err: TimeoutError) -> str:
@@ -441,6 +457,7 @@ class _Client:
         self.cfg, self.timeout = cfg, timeout
         self.sock: Optional[socket.socket] = None
         self.fresh = False  # connected since the last pull: pull the current step, whatever was seen before
+        self.prefetched: Optional[Dict[str, Any]] = None  # a pull answered with the last push
         self.store = None
 
     def _server_address(self):
@@ -506,6 +523,7 @@ class _Client:
         return _recv(self.sock, _WORKER_FRAME_LIMIT)
 
     def drop(self) -> None:
+        self.prefetched = None
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -525,6 +543,9 @@ def _run_worker(cfg: _Config, model_fn, loss_fn, data_fn, schedule, worker_delay
         while True:
             if client.sock is None and not client.connect():
                 return last, None, True
+            r, client.prefetched = client.prefetched, None
+            if r is not None:
+                return r["step"], r["params"], r["done"]
             try:
                 r = client.call({"op": "pull", "after": -1 if client.fresh else last})
             except (OSError, ConnectionError):
@@ -537,12 +558,14 @@ def _run_worker(cfg: _Config, model_fn, loss_fn, data_fn, schedule, worker_delay
         if client.sock is None:
             return
         try:
-            r = client.call({"op": "push", "step": step, "grads": [None if g is None else g.cpu() for g in grads]})
+            r = client.call({"op": "push", "step": step, "grads": [None if g is None else g.cpu() for g in grads],
+                             "then_pull_after": step})
         except (OSError, ConnectionError):
             client.drop()  # (the gradient is lost with the connection; the next pull reconnects)
             return
         if "error" in r:
             raise RuntimeError(f"run_sync_replicas: rank {cfg.rank}: {r['error']}")
+        client.prefetched = r.get("pull")
 
     try:
         _worker_loop(w, model, loss_fn, data, pull, push, schedule, worker_delay, lambda: True)
@@ -593,8 +616,9 @@ def run_sync_replicas(model_fn: Callable[[], nn.Module], optimizer_fn: Callable[
     Returns the `SyncReplicasResult` on rank 0, None on the workers.
     """
     cfg = _config(rank, world_size, master_addr, master_port, bind_address, token)
-    if replicas_to_aggregate < 1:
-        raise ValueError(f"replicas_to_aggregate must be >= 1, got {replicas_to_aggregate}")
+    if not 1 <= replicas_to_aggregate <= cfg.world_size - 1:
+        raise ValueError(f"replicas_to_aggregate must be in [1, world_size - 1 = {cfg.world_size - 1}] (the workers), "
+                         f"got {replicas_to_aggregate}")
     if not isinstance(num_steps, int) or num_steps < 0:
         raise ValueError(f"num_steps must be an int >= 0, got {num_steps!r}")
     if not isinstance(checkpoint_every, int) or checkpoint_every < 0:

@@ -31,7 +31,7 @@ class SyncReplicasOptimizer:
     """TF's SyncReplicasOptimizer pattern (see the module docstring).
 
     Thread-safe: `pull`, `apply_gradients` and `wait_for_step` may be called from any number of worker
-    threads (or RPC handler threads) while one chief thread calls `step`.
+    threads (or the parameter server's connection threads) while one chief thread calls `step`.
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, replicas_to_aggregate: int,
