@@ -37,8 +37,8 @@ namespace rnn_util {
 // The recurrent GEMM of a time loop, out (+)= a @ op(w), with the same weight view on every step. On
 // the CPU in float32 the weight is packed once per call instead of inside every step's GEMM: for
 // torchops' own kernel (cpu/packed_gemm.h, CPUs with AVX2 + FMA) or else for MKL's packed GEMM
-// (cblas_sgemm_pack: BlockLSTM T=50 B=32 C=256 spent ~10 % of its time re-packing in plain sgemm).
-// Otherwise (other dtypes/devices, one step, neither kernel) the ATen GEMM.
+// (cblas_sgemm_pack: BlockLSTM T=50 B=32 C=256 spent ~10 % of its time re-packing in plain sgemm), as their
+// routes (cpu::gemm_route) allow. Otherwise (other dtypes/devices, one step, neither kernel) the ATen GEMM.
 class StepGemm {
  public:
   // w: [K, N] (trans: [N, K], used as its transpose), unit column stride; `rows` = rows of every `a`.
@@ -46,35 +46,45 @@ class StepGemm {
     const int64_t n = trans ? w.size(0) : w.size(1), k = trans ? w.size(1) : w.size(0);
     const int64_t lim = std::numeric_limits<int>::max() / 2;
     if (steps < 2 || !w.is_cpu() || w.scalar_type() != at::kFloat || w.stride(1) != 1 || rows <= 0 || rows > lim ||
-        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || w.stride(0) < (trans ? k : n))
+        n <= 0 || n > lim || k <= 0 || k > lim || w.stride(0) > lim || w.stride(0) < (trans ? k : n)) {
+      if (steps >= 2 && w.is_cpu()) cpu::gemm_route::aten.ran();
       return;
+    }
     m_ = static_cast<int>(rows);
     n_ = static_cast<int>(n);
     k_ = static_cast<int>(k);
-    if (cpu::packed_gemm_available()) {
-      own_ = true;
-      packed_ = at::empty({cpu::packed_gemm_size(k, n)}, w.options());
-      cpu::packed_gemm_pack(w.const_data_ptr<float>(), w.stride(0), trans, k, n, packed_.mutable_data_ptr<float>());
+    variant_ = cpu::packed_gemm_variant();
+    if (variant_ >= 0) {
+      (variant_ == 0 ? cpu::gemm_route::packed_avx512 : cpu::gemm_route::packed_avx2).ran();
+      packed_ = at::empty({cpu::packed_gemm_size(variant_, k, n)}, w.options());
+      cpu::packed_gemm_pack(variant_, w.const_data_ptr<float>(), w.stride(0), trans, k, n,
+                            packed_.mutable_data_ptr<float>());
       return;
     }
 #ifdef TORCHOPS_MKL_PACKED_GEMM
-    if (!cblas_sgemm_pack_get_size || !cblas_sgemm_pack || !cblas_sgemm_compute) return;
+    if (!cblas_sgemm_pack_get_size || !cblas_sgemm_pack || !cblas_sgemm_compute || !cpu::gemm_route::mkl_packed.enabled()) {
+      cpu::gemm_route::aten.ran();
+      return;
+    }
+    cpu::gemm_route::mkl_packed.ran();
     const size_t bytes = cblas_sgemm_pack_get_size(kBMatrix, m_, n_, k_);
     packed_ = at::empty({static_cast<int64_t>((bytes + sizeof(float) - 1) / sizeof(float))}, w.options());
     cblas_sgemm_pack(kRowMajor, kBMatrix, trans ? kTrans : kNoTrans, m_, n_, k_, 1.0f, w.const_data_ptr<float>(),
                      static_cast<int>(w.stride(0)), packed_.mutable_data_ptr<float>());
+#else
+    cpu::gemm_route::aten.ran();
 #endif
   }
   // Whether a StepGemm of w would use torchops' kernel (float32 on a CPU with it): callers then also route
   // one-off GEMMs through it (packing costs a copy of w; the kernel beats MKL's generic path on AMD).
   static bool own_kernel(const at::Tensor& w) {
-    return w.is_cpu() && w.scalar_type() == at::kFloat && cpu::packed_gemm_available();
+    return w.is_cpu() && w.scalar_type() == at::kFloat && cpu::packed_gemm_variant() >= 0;
   }
   void addmm(at::Tensor& out, const at::Tensor& a) const { run(out, a, 1.0f); }  // out += a @ op(w)
   void mm(at::Tensor& out, const at::Tensor& a) const { run(out, a, 0.0f); }     // out = a @ op(w)
   // out = bias + a @ op(w), bias [N] added to every row (the input projections; any number of rows).
   void bias_addmm(at::Tensor out, const at::Tensor& bias, const at::Tensor& a) const {
-    if (!own_) {
+    if (variant_ < 0) {
       at::addmm_out(out, bias, a, trans_ ? w_.t() : w_);
       return;
     }
@@ -89,9 +99,10 @@ class StepGemm {
     // tensor with strides (1, 1) is "contiguous"), so such operands take the ATen path.
     // (torchops' kernel takes any number of rows, and reads a transposed view of `a` in place; MKL's packed
     // B is for `rows` rows.)
-    const bool a_trans = own_ && a.stride(1) != 1 && a.stride(0) == 1 && a.size(0) > 1;
+    const bool own = variant_ >= 0;
+    const bool a_trans = own && a.stride(1) != 1 && a.stride(0) == 1 && a.size(0) > 1;
     const int64_t lda = a_trans ? a.stride(1) : a.stride(0);
-    if (!packed_.defined() || (a.stride(1) != 1 && !a_trans) || out.stride(1) != 1 || (!own_ && a.size(0) != m_) ||
+    if (!packed_.defined() || (a.stride(1) != 1 && !a_trans) || out.stride(1) != 1 || (!own && a.size(0) != m_) ||
         lda < (a_trans ? a.size(0) : k_) || out.stride(0) < n_ || lda > std::numeric_limits<int>::max() ||
         out.stride(0) > std::numeric_limits<int>::max()) {
       const at::Tensor w = trans_ ? w_.t() : w_;
@@ -101,8 +112,8 @@ class StepGemm {
         out.addmm_(a, w);
       return;
     }
-    if (own_) {
-      cpu::packed_gemm_compute(a.size(0), n_, k_, a.const_data_ptr<float>(), lda, a_trans, packed_.const_data_ptr<float>(),
+    if (own) {
+      cpu::packed_gemm_compute(variant_, a.size(0), n_, k_, a.const_data_ptr<float>(), lda, a_trans, packed_.const_data_ptr<float>(),
                                beta != 0.0f, out.mutable_data_ptr<float>(), out.stride(0));
       return;
     }
@@ -114,7 +125,7 @@ class StepGemm {
   }
   at::Tensor w_;
   bool trans_;
-  bool own_ = false;  // packed for cpu::packed_gemm_compute (else MKL's format)
+  int variant_ = -1;  // packed for cpu::packed_gemm_compute of this variant (-1: MKL's format, or none)
   int m_ = 0, n_ = 0, k_ = 0;
   at::Tensor packed_;
 };

@@ -69,8 +69,29 @@ PYEOF
 # Every CUDA test: marked `cuda`, named test_cuda_*, or a device-parametrized case on "cuda" (tests/conftest.py
 # marks them all).
 cap() { local l; l=$(left); [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }  # a stage limit within the budget
-want tests && [ "$(left)" -ge 30 ] && stage "pytest -m cuda" "$(cap 240)" "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra \
-  -p no:cacheprovider -n 8 --dist loadfile tests
+# TORCHOPS_ROUTE_REPORT: which routes each test ran, and its outcome (tests/conftest.py), for the per-route summary.
+want tests && [ "$(left)" -ge 30 ] && TORCHOPS_ROUTE_REPORT="$OUTDIR/route_report.json" stage "pytest -m cuda" \
+  "$(cap 240)" "$OUTDIR/pytest_cuda.log" "$PY" -m pytest -m cuda -q -ra -p no:cacheprovider -n 8 --dist loadfile tests
+# Per CUDA route: tests passed and failed on this card. A never-run route that passed everything (and failed
+# nothing) can be marked verified in csrc/<family>/routes.cpp with the card, torch version and date.
+want tests && "$PY" - "$OUTDIR" <<'PYEOF' 2>&1 | tee -a "$SUMMARY"
+import glob, json, sys
+import torch, torchops
+merged = {}
+for path in glob.glob(sys.argv[1] + "/route_report.json*"):
+    for route, e in json.load(open(path)).items():
+        m = merged.setdefault(route, {"passed": 0, "failed": 0, "failed_tests": []})
+        m["passed"] += e["passed"]; m["failed"] += e["failed"]; m["failed_tests"] += e["failed_tests"]
+card = torch.cuda.get_device_name() if torch.cuda.is_available() else "no GPU"
+print(f"per-route results on {card}, torch {torch.__version__}:")
+for r in torchops.backends.routes(device="cuda"):
+    m = merged.get(r["id"], {"passed": 0, "failed": 0, "failed_tests": []})
+    state = "verified" if r["verified"] else "NEVER RUN before"
+    verdict = "PASS" if m["passed"] and not m["failed"] else ("FAIL" if m["failed"] else "not exercised")
+    print(f"  {r['id']:42s} {verdict:14s} passed {m['passed']:4d} failed {m['failed']:4d}  ({state})")
+    for t in m["failed_tests"][:5]:
+        print(f"      failed: {t}")
+PYEOF
 
 BENCH_ARGS=(--device cuda)
 [ "${BENCH_QUICK:-0}" = 1 ] && BENCH_ARGS+=(--quick)

@@ -110,3 +110,96 @@ def python_exit_delays(scripts, tmp_path, marker, timeout=300):
         delay = exited[i] - float(printed[-1]) if printed else float("inf")
         results.append((o, e, p.returncode, delay))
     return results
+
+
+CPU_CAPABILITIES = torchops.backends.cpu.supported_cpu_capabilities()
+
+
+@pytest.fixture(params=CPU_CAPABILITIES)
+def cpu_capability(request):
+    """Runs a test at each CPU capability this machine can run (every CPU kernel's capability routes), in-process."""
+    with torchops.backends.cpu.capability(request.param):
+        yield request.param
+
+
+def slot_routes(route_id):
+    """The routes of `route_id`'s slot, in order of preference."""
+    rs = torchops.backends.routes()
+    me = next(r for r in rs if r["id"] == route_id)
+    return [r for r in rs if (r["family"], r["slot"], r["device"]) == (me["family"], me["slot"], me["device"])]
+
+
+class forced_route:
+    """Within the block, `route_id` runs every case it covers (torchops.backends.prefer); on exit the previous
+    settings come back and, unless `check=False`, it is asserted that the route ran."""
+
+    def __init__(self, route_id, check=True):
+        self.route_id, self.check = route_id, check
+
+    def __enter__(self):
+        self._flags = torchops.backends.prefer(self.route_id)
+        self._flags.__enter__()
+        self._hits = torchops.backends.hits(self.route_id)
+        return self
+
+    def __exit__(self, *exc):
+        ran = torchops.backends.hits(self.route_id) - self._hits
+        self._flags.__exit__(*exc)
+        if exc[0] is None and self.check:
+            assert ran > 0, f"route {self.route_id} did not run"
+        return False
+
+
+@pytest.fixture
+def set_routes():
+    """set_routes({route_id: on, ...}) for the rest of the test; the previous settings come back at teardown."""
+    import contextlib
+
+    stack = contextlib.ExitStack()
+    yield lambda settings: stack.enter_context(torchops.backends.flags(settings))
+    stack.close()
+
+
+# TORCHOPS_ROUTE_REPORT=FILE (scripts/gpu_check.sh sets it): per route, how many tests it ran in passed and failed,
+# written as JSON at the end of the session (FILE.<worker> under pytest-xdist), so that a GPU run says which routes
+# can be marked verified.
+_ROUTE_REPORT = os.environ.get("TORCHOPS_ROUTE_REPORT")
+_route_outcomes = {}
+
+
+def _route_hits():
+    return {r["id"]: r["hits"] for r in torchops.backends.routes()}
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    if not _ROUTE_REPORT:
+        yield
+        return
+    before = _route_hits()
+    yield
+    after = _route_hits()
+    item._torchops_routes_ran = [r for r, n in after.items() if n > before.get(r, 0)]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if _ROUTE_REPORT and report.when == "call":
+        for route in getattr(item, "_torchops_routes_ran", []):
+            entry = _route_outcomes.setdefault(route, {"passed": 0, "failed": 0, "failed_tests": []})
+            if report.passed:
+                entry["passed"] += 1
+            elif report.failed:
+                entry["failed"] += 1
+                entry["failed_tests"].append(item.nodeid)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _ROUTE_REPORT:
+        import json
+
+        worker = os.environ.get("PYTEST_XDIST_WORKER")
+        with open(_ROUTE_REPORT + (f".{worker}" if worker else ""), "w") as f:
+            json.dump(_route_outcomes, f, indent=1)

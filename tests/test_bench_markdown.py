@@ -96,6 +96,29 @@ def test_case_filter_times_only_the_matching_cases():
     assert [r["case"] for r in compare_cases(cases, args, torch.device("cpu"), "t")] == ["gru train", "lstm inf"]
 
 
+def test_route_option_times_the_route_against_the_defaults(monkeypatch, capsys):
+    # --route runs each family twice, the second time with the route preferred, and reports route/default; the
+    # family here is a stand-in that records which route was in force on each run.
+    import types
+
+    import torchops
+    from torchops.bench import __main__ as bench
+
+    seen = []
+
+    def run(args):
+        seen.append(torchops.backends.is_enabled("cudnn_rnn.cpu.onednn"))
+        return [{"case": "c", "torchops_ms": 2.0 if seen[-1] else 3.0}]
+
+    monkeypatch.setitem(bench.FAMILIES, "stand_in", types.SimpleNamespace(run=run))
+    assert bench.main(["--filter", "stand_in", "--device", "cpu", "--route", "cudnn_rnn.cpu.loops"]) == 0
+    assert seen == [True, False]
+    assert torchops.backends.is_enabled("cudnn_rnn.cpu.onednn")
+    assert "route/default" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="unknown torchops route"):
+        bench.main(["--filter", "stand_in", "--device", "cpu", "--route", "nope"])
+
+
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs"
 
 

@@ -1,4 +1,5 @@
 import torchops  # noqa: F401  (loads the ops)
+from conftest import forced_route
 
 import math
 import os
@@ -1154,7 +1155,7 @@ def test_cuda_parity_lstm(dtype, use_peephole):
         close(a.float(), b.float().cpu(), rtol=10 * tol, atol=10 * tol)
 
 
-# CUDA whole-sequence recurrences: the persistent kernels (TORCHOPS_BLOCK_RNN_PERSISTENT unset or 1) and
+# CUDA whole-sequence recurrences: the persistent kernels (route block_rnn.cuda.persistent) and
 # the per-step loop (0) against the float64 CPU ops, every output and every gradient.
 PERSISTENT_CASES = [  # T, L (seq_len_max), B, I, C, use_peephole, cell_clip
     (50, 50, 32, 128, 256, True, 0.5),  # the benchmark shapes
@@ -1198,13 +1199,13 @@ def _sequence_results(op, T, L, B, I, C, peephole, clip, device, dtype, seed=120
 @cuda_only
 @pytest.mark.parametrize("op", ["block_lstm", "block_lstm_v2", "block_gru"])
 @pytest.mark.parametrize("T,L,B,I,C,peephole,clip", PERSISTENT_CASES)
-def test_cuda_persistent_sequences_match_loop_and_cpu(op, T, L, B, I, C, peephole, clip, monkeypatch):
+def test_cuda_persistent_sequences_match_loop_and_cpu(op, T, L, B, I, C, peephole, clip):
     case = (op, T, L, B, I, C, peephole, clip)
     ref = _sequence_results(*case, "cpu", F64)
-    monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", "1")
-    whole = _sequence_results(*case, "cuda", torch.float32)
-    monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", "0")
-    loop = _sequence_results(*case, "cuda", torch.float32)
+    with forced_route("block_rnn.cuda.persistent"):
+        whole = _sequence_results(*case, "cuda", torch.float32)
+    with forced_route("block_rnn.cuda.steps"):
+        loop = _sequence_results(*case, "cuda", torch.float32)
     assert len(whole) == len(loop) == len(ref) == (4 + 6 + 6 if op == "block_gru" else 7 + 8 + 8)
     for k, (w, lp, r) in enumerate(zip(whole, loop, ref)):
         # float32 rounding grows with the values' size (sums over C, T and B terms): bounds relative to the
@@ -1220,12 +1221,12 @@ def test_cuda_persistent_sequences_match_loop_and_cpu(op, T, L, B, I, C, peephol
 @pytest.mark.cuda
 @cuda_only
 @pytest.mark.parametrize("op", ["block_lstm", "block_lstm_v2", "block_gru"])
-def test_cuda_persistent_float64_matches_cpu(op, monkeypatch):
+def test_cuda_persistent_float64_matches_cpu(op):
     # float64 runs the whole-sequence kernels too: equal to the CPU's float64 to rounding.
     case = (op, 9, 8, 5, 6, 37, True, 0.5)
     ref = _sequence_results(*case, "cpu", F64)
-    monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", "1")
-    got = _sequence_results(*case, "cuda", F64)
+    with forced_route("block_rnn.cuda.persistent"):
+        got = _sequence_results(*case, "cuda", F64)
     assert len(got) == len(ref)
     for g, r in zip(got, ref):
         close(g, r, rtol=1e-9, atol=1e-9 * max(1.0, r.abs().max().item()))
@@ -1245,17 +1246,18 @@ def _cuda_kernels_run(fn):
 @pytest.mark.cuda
 @cuda_only
 @pytest.mark.parametrize("op", ["block_lstm", "block_lstm_v2", "block_gru"])
-def test_cuda_persistent_switch_selects_the_kernels(op, monkeypatch):
-    # Which path ran, from the kernels launched: TORCHOPS_BLOCK_RNN_PERSISTENT=1 runs the whole-sequence
-    # kernels (weights in shared memory at C = 13, read through L2 at C = 2048) and no per-step kernel; 0
+def test_cuda_persistent_switch_selects_the_kernels(op):
+    # Which path ran, from the kernels launched: the persistent route runs the whole-sequence kernels
+    # (weights in shared memory at C = 13, read through L2 at C = 2048) and no per-step kernel; the steps route
     # runs the per-step kernels only; float16 (unsupported) falls back to the loop.
     fam = "gru" if op == "block_gru" else "lstm"
     step_kernels = ("gru_gates_kernel", "gru_backward_a_kernel") if fam == "gru" else (
         "lstm_forward_kernel", "lstm_backward_kernel")
 
     def run(flag, C, dtype=torch.float32):
-        monkeypatch.setenv("TORCHOPS_BLOCK_RNN_PERSISTENT", flag)
-        return _cuda_kernels_run(lambda: _sequence_results(op, 4, 4, 3, 5, C, True, 0.5, "cuda", dtype))
+        route = "block_rnn.cuda." + ("persistent" if flag == "1" and dtype != torch.float16 else "steps")
+        with forced_route(route), torchops.backends.flags({"block_rnn.cuda.persistent": flag == "1"}):
+            return _cuda_kernels_run(lambda: _sequence_results(op, 4, 4, 3, 5, C, True, 0.5, "cuda", dtype))
 
     def ran(names, kernel, smem=None):
         tail = "" if smem is None else (r"<float, (true|\(bool\)1)>" if smem else r"<float, (false|\(bool\)0)>")
@@ -1345,36 +1347,37 @@ def test_float32_long_sequence_packs_split_over_threads(threads, restore_threads
     test_float32_sequences_forward_and_grads(70, 70, 32, 8, 16)
 
 
-def test_packed_gemm_switch_gives_the_same_sequences():
-    # TORCHOPS_CPU_PACKED_GEMM=0 turns torchops' packed GEMM off (MKL's packed GEMM or ATen instead): the
-    # float32 BlockLSTM outputs and gradients of both paths agree with a float64 run to float32 rounding.
-    # Rounding scales with each tensor's magnitude (dx reaches ~30 here), so the bound is relative to its
-    # largest element: 1e-5 of it, about 7x the 1.3e-6-1.6e-6 both paths measure. A fixed 1e-5 atol failed
-    # on an Intel host, whose MKL sums in another order (dx off by 4.5e-5 of 30, 1.5e-6 relative).
-    code = (
-        "import sys, torch, torchops\n"
-        "dt = getattr(torch, sys.argv[2])\n"
-        "g = torch.Generator().manual_seed(7)\n"
-        "T, B, I, C = 6, 13, 9, 40\n"
-        "a = [torch.randn(*s, generator=g).to(dt).requires_grad_() for s in [(T, B, I), (B, C), (B, C), (I + C, 4 * C)]]\n"
-        "z = torch.zeros(C, dtype=dt)\n"
-        "b = torch.randn(4 * C, generator=g).to(dt).requires_grad_()\n"
-        "out = torch.ops.torchops.block_lstm_v2(torch.tensor(T), a[0], a[1], a[2], a[3], z, z, z, b)\n"
-        "grads = torch.autograd.grad(out[6].square().sum() + out[1].sum(), a + [b])\n"
-        "torch.save([o.detach() for o in out] + list(grads), sys.argv[1])\n")
-    results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for flag, dtype in (("1", "float32"), ("0", "float32"), ("1", "float64")):
-            path = os.path.join(tmp, f"out{flag}_{dtype}.pt")
-            env = dict(os.environ, TORCHOPS_CPU_PACKED_GEMM=flag)
-            subprocess.run([sys.executable, "-c", code, path, dtype], env=env, check=True)
-            results.append(torch.load(path))
-    assert len(results[0]) == len(results[2]) == 7 + 5
-    for packed, other, ref in zip(*results):
-        assert packed.dtype == other.dtype == torch.float32
-        bound = 1e-5 * ref.abs().max().item()
-        close(packed.double(), ref, rtol=0, atol=bound)
-        close(other.double(), ref, rtol=0, atol=bound)
+@pytest.mark.parametrize("route", ["rnn.cpu.packed_avx512", "rnn.cpu.packed_avx2", "rnn.cpu.mkl_packed", "rnn.cpu.aten"])
+def test_recurrent_gemm_routes_give_the_same_sequences(route):
+    # Each route of the float32 recurrent GEMM (torchops' packed kernel per build, MKL's packed GEMM, ATen):
+    # the BlockLSTM outputs and gradients agree with a float64 run to float32 rounding. Rounding scales with
+    # each tensor's magnitude (dx reaches ~30 here), so the bound is relative to its largest element: 1e-5 of
+    # it, about 7x what the paths measure. A fixed 1e-5 atol failed on an Intel host, whose MKL sums in another
+    # order (dx off by 4.5e-5 of 30, 1.5e-6 relative).
+    r = next(x for x in torchops.backends.routes() if x["id"] == route)
+    order = ["default", "avx2", "avx512"]
+    if r["isa"] and order.index(r["isa"]) > order.index(torchops.backends.cpu.get_cpu_capability()):
+        pytest.skip(f"{route} needs {r['isa']}")
+    if route == "rnn.cpu.mkl_packed" and not torch.backends.mkl.is_available():
+        pytest.skip("torch without MKL")
+
+    def run(dt):
+        g = torch.Generator().manual_seed(7)
+        T, B, I, C = 6, 13, 9, 40
+        a = [torch.randn(*s, generator=g).to(dt).requires_grad_() for s in [(T, B, I), (B, C), (B, C), (I + C, 4 * C)]]
+        z = torch.zeros(C, dtype=dt)
+        b = torch.randn(4 * C, generator=g).to(dt).requires_grad_()
+        out = ops.block_lstm_v2(torch.tensor(T), a[0], a[1], a[2], a[3], z, z, z, b)
+        grads = torch.autograd.grad(out[6].square().sum() + out[1].sum(), a + [b])
+        return [o.detach() for o in out] + list(grads)
+
+    with forced_route(route):
+        got = run(torch.float32)
+    ref = run(torch.float64)
+    assert len(got) == len(ref) == 7 + 5
+    for a, e in zip(got, ref):
+        assert a.dtype == torch.float32
+        close(a.double(), e, rtol=0, atol=1e-5 * e.abs().max().item())
 
 
 def test_block_lstm_backward_with_empty_cell():

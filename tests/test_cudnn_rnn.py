@@ -7,6 +7,7 @@ import torch
 import torchops  # noqa: F401
 from torchops import functional as F
 from torchops.autograd import CudnnRNNFunction, CudnnRNNV2Function, CudnnRNNV3Function
+from conftest import forced_route
 
 ops = torch.ops.torchops
 G = {"lstm": 4, "gru": 3, "rnn_tanh": 1, "rnn_relu": 1}
@@ -1148,9 +1149,9 @@ def _train_step(mode, bi, dev, x, h0, c0, p, time_major=True, proj=0, lens=None)
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("layers,bi", [(1, False), (2, True)])
 @pytest.mark.parametrize("varlen", [False, True])
-def test_cuda_cudnn_route_matches_loops_and_cpu(mode, layers, bi, varlen, monkeypatch):
-    # float32 without skip input runs cuDNN on the GPU (variable lengths packed: unsorted, one empty);
-    # TORCHOPS_CUDNN_RNN=0 runs the time loops. Both equal the CPU, batch- and time-major.
+def test_cuda_cudnn_route_matches_loops_and_cpu(mode, layers, bi, varlen):
+    # float32 without skip input runs cuDNN on the GPU where its route is on (variable lengths packed: unsorted,
+    # one empty); with it off the time loops run. Both equal the CPU, batch- and time-major.
     t, b, i, h = 6, 5, 7, 8
     m = torch_module(mode, i, h, layers, bi, dtype=torch.float32)
     p = params_of(m).detach()
@@ -1158,12 +1159,12 @@ def test_cuda_cudnn_route_matches_loops_and_cpu(mode, layers, bi, varlen, monkey
     h0, c0 = states(mode, layers, 2 if bi else 1, b, h, h, dtype=torch.float32)
     lens = torch.tensor([3, 6, 0, 6, 1], dtype=torch.int32) if varlen else None
     cpu = _train_step(mode, bi, "cpu", x, h0, c0, p, lens=lens)
-    route = _train_step(mode, bi, "cuda", x, h0, c0, p, lens=lens)
-    monkeypatch.setenv("TORCHOPS_CUDNN_RNN", "0")
-    loops = _train_step(mode, bi, "cuda", x, h0, c0, p, lens=lens)
-    monkeypatch.delenv("TORCHOPS_CUDNN_RNN")
-    bm = _train_step(mode, bi, "cuda", x.transpose(0, 1), h0.transpose(0, 1), c0.transpose(0, 1) if mode == "lstm"
-                     else c0, p, time_major=False, lens=lens)
+    with forced_route("cudnn_rnn.cuda.cudnn"):
+        route = _train_step(mode, bi, "cuda", x, h0, c0, p, lens=lens)
+        bm = _train_step(mode, bi, "cuda", x.transpose(0, 1), h0.transpose(0, 1), c0.transpose(0, 1)
+                         if mode == "lstm" else c0, p, time_major=False, lens=lens)
+    with forced_route("cudnn_rnn.cuda.loops"):
+        loops = _train_step(mode, bi, "cuda", x, h0, c0, p, lens=lens)
     bm[0], bm[1], bm[2], bm[3] = bm[0].transpose(0, 1), bm[1].transpose(0, 1), bm[2].transpose(0, 1), bm[3].transpose(0, 1)
     if mode == "lstm":
         bm[5] = bm[5].transpose(0, 1)
@@ -1188,17 +1189,19 @@ def test_cuda_cudnn_route_matches_torch_modules(mode):
     (y.sin().sum() + hn.sum() + (cn.sum() if cn is not None else 0)).backward()
     p = params_of(m).detach().requires_grad_()
     xo, h0o = x.cuda().requires_grad_(), h0.cuda().requires_grad_()
-    yo, hno, cno, _ = ops.cudnn_rnn(xo, h0o, c0.cuda(), p, mode, "linear_input", "bidirectional")
-    (yo.sin().sum() + hno.sum() + (cno.sum() if mode == "lstm" else 0)).backward()
+    with forced_route("cudnn_rnn.cuda.cudnn"):
+        yo, hno, cno, _ = ops.cudnn_rnn(xo, h0o, c0.cuda(), p, mode, "linear_input", "bidirectional")
+        (yo.sin().sum() + hno.sum() + (cno.sum() if mode == "lstm" else 0)).backward()
     for a, e in [(yo, y), (hno, hn), (xo.grad, xr.grad), (h0o.grad, h0r.grad), (p.grad, grads_of(m))]:
         torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU and a CUDA build")
-def test_cuda_cudnn_backprop_from_a_copied_reserve():
+def test_cuda_cudnn_backprop_from_a_copied_reserve(set_routes):
     # cuDNN's state lives with the returned reserve_space: a copy gives the same gradients (the time loops
     # recompute the forward), and the original can be used twice.
+    set_routes({"cudnn_rnn.cuda.cudnn": True})
     m, x, h0, c0, _ = _lstm_training_case(2, False)
     p = params_of(m).detach().cuda()
     x, h0, c0 = x.cuda(), h0.cuda(), c0.cuda()
@@ -1229,9 +1232,12 @@ def test_cuda_cudnn_projection_and_disabled_cudnn(bi):
     x = torch.randn(5, 3, 4)
     h0, c0 = states("lstm", 2, 2 if bi else 1, 3, 6, 3, dtype=torch.float32)
     cpu = _train_step("lstm", bi, "cpu", x, h0, c0, p, proj=3)
-    route = _train_step("lstm", bi, "cuda", x, h0, c0, p, proj=3)
-    with torch.backends.cudnn.flags(enabled=False):
-        loops = _train_step("lstm", bi, "cuda", x, h0, c0, p, proj=3)
+    with forced_route("cudnn_rnn.cuda.cudnn"):
+        route = _train_step("lstm", bi, "cuda", x, h0, c0, p, proj=3)
+        with torch.backends.cudnn.flags(enabled=False):
+            before = torchops.backends.hits("cudnn_rnn.cuda.loops")
+            loops = _train_step("lstm", bi, "cuda", x, h0, c0, p, proj=3)
+            assert torchops.backends.hits("cudnn_rnn.cuda.loops") > before
     for got in (route, loops):
         for u, v in zip(got, cpu):
             torch.testing.assert_close(u, v, rtol=2e-4, atol=2e-4)

@@ -1134,9 +1134,9 @@ def _fwd_bwd(x, scale, offset, mean, var, dy, fmt, eaf, training):
 @pytest.mark.parametrize("fmt,shape", CUDNN_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("eaf", [1.0, 0.6])
-@pytest.mark.parametrize("route", ["1", "auto", "0"])
-def test_cuda_cudnn_route_matches_cpu(monkeypatch, fmt, shape, dtype, eaf, route):
-    monkeypatch.setenv("TORCHOPS_CUDNN_BN", route)
+@pytest.mark.parametrize("route", ["on", "off"])
+def test_cuda_cudnn_route_matches_cpu(set_routes, fmt, shape, dtype, eaf, route):
+    set_routes({"fused_batch_norm.cuda.cudnn": route == "on"})
     cpu, gpu, op_fmt = _gpu_inputs(fmt, shape, dtype, seed=3)
     dy = torch.randn(shape, generator=torch.Generator().manual_seed(4)).to(dtype)
     dy_gpu = dy.cuda()
@@ -1154,16 +1154,15 @@ def test_cuda_cudnn_route_matches_cpu(monkeypatch, fmt, shape, dtype, eaf, route
         torch.testing.assert_close(b.cpu(), a, atol=tol * 10, rtol=tol * 10, msg=lambda m: f"d{name}: {m}")
     channels_first = fmt in ("NCHW", "NCDHW")
     plane = int(np.prod(shape[2:])) if channels_first else 0
-    expect_cudnn = route == "1" or (route == "auto" and (not channels_first or plane < 1024))
+    expect_cudnn = route == "on" and (not channels_first or plane < 1024)
     assert ("aten::cudnn_batch_norm" in ops) == expect_cudnn, sorted(ops)
     assert ("aten::cudnn_batch_norm_backward" in ops) == expect_cudnn, sorted(ops)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt,shape", CUDNN_CASES[:4])
-def test_cuda_cudnn_disabled_takes_own_kernels_with_same_results(monkeypatch, fmt, shape):
-    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
-    monkeypatch.setenv("TORCHOPS_BN_CUDA_INFERENCE", "cudnn")
+def test_cuda_cudnn_disabled_takes_own_kernels_with_same_results(set_routes, fmt, shape):
+    set_routes({"fused_batch_norm.cuda.cudnn": True, "fused_batch_norm.cuda.cudnn_inference": True})
     cpu, gpu, op_fmt = _gpu_inputs(fmt, shape, torch.float32, seed=5)
     dy = torch.randn(shape, generator=torch.Generator().manual_seed(6))
     for training in (True, False):
@@ -1182,11 +1181,11 @@ def test_cuda_cudnn_disabled_takes_own_kernels_with_same_results(monkeypatch, fm
 
 
 @pytest.mark.cuda
-def test_cuda_cudnn_reserve_spaces_and_grad_op_with_either_reserve(monkeypatch):
+def test_cuda_cudnn_reserve_spaces_and_grad_op_with_either_reserve(set_routes):
     """The cuDNN forward keeps the contract's reserve_space_1/2 (batch mean, biased variance) and puts cuDNN's
     bytes in a float32 reserve_space_3; the grad op gives the same gradients with that reserve or the own
     kernels' [0] (then it runs its own kernels where cuDNN needs its reserve)."""
-    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
+    set_routes({"fused_batch_norm.cuda.cudnn": True})
     cpu, gpu, _ = _gpu_inputs("NHWC", (6, 5, 7, 24), torch.float32, seed=7)
     x = gpu[0]
     out = fbn(*gpu, 1e-3, 1.0, "NHWC", True)
@@ -1206,9 +1205,8 @@ def test_cuda_cudnn_reserve_spaces_and_grad_op_with_either_reserve(monkeypatch):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("fmt,shape", [("NCHW", (2, 3, 4, 4))])
-def test_cuda_float64_never_cudnn_and_gradcheck(monkeypatch, fmt, shape):
-    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
-    monkeypatch.setenv("TORCHOPS_BN_CUDA_INFERENCE", "cudnn")
+def test_cuda_float64_never_cudnn_and_gradcheck(set_routes, fmt, shape):
+    set_routes({"fused_batch_norm.cuda.cudnn": True, "fused_batch_norm.cuda.cudnn_inference": True})
     for training in (True, False):
         inputs = _grad_inputs(fmt, shape, "cuda")
         f = _fwd_y(fmt, training, 0.4, False)
@@ -1219,7 +1217,7 @@ def test_cuda_float64_never_cudnn_and_gradcheck(monkeypatch, fmt, shape):
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("inference", ["vector", "cudnn"])
+@pytest.mark.parametrize("inference", ["plain", "vectorized", "cudnn"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("fmt,shape,offset", [
     ("NHWC", (4, 5, 6, 32), 0),    # channels-last rows, C % vector width == 0
@@ -1230,8 +1228,8 @@ def test_cuda_float64_never_cudnn_and_gradcheck(monkeypatch, fmt, shape):
     ("NCHW_CL", (4, 16, 6, 8), 0),
     ("NCDHW", (2, 5, 4, 4, 4), 0),
 ])
-def test_cuda_inference_matches_cpu(monkeypatch, inference, dtype, fmt, shape, offset):
-    monkeypatch.setenv("TORCHOPS_BN_CUDA_INFERENCE", inference)
+def test_cuda_inference_matches_cpu(set_routes, inference, dtype, fmt, shape, offset):
+    set_routes({"fused_batch_norm.cuda.cudnn_inference": inference == "cudnn", "fused_batch_norm.cuda.vectorized": inference == "vectorized"})
     cpu, gpu, op_fmt = _gpu_inputs(fmt, shape, dtype, seed=8)
     if offset:
         buf = torch.empty(gpu[0].numel() + offset, dtype=dtype, device="cuda")
@@ -1249,20 +1247,25 @@ def test_cuda_inference_matches_cpu(monkeypatch, inference, dtype, fmt, shape, o
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("var,value", [("TORCHOPS_CUDNN_BN", "yes"), ("TORCHOPS_BN_CUDA_INFERENCE", "fast")])
-def test_cuda_route_switch_rejects_unknown_values(monkeypatch, var, value):
-    monkeypatch.setenv(var, value)
-    _, gpu, _ = _gpu_inputs("NHWC", (2, 3, 4, 8), torch.float32, seed=9)
-    with pytest.raises(ValueError, match=f"{var} must be .* got '{value}'"):
-        fbn(*gpu, 1e-3, 1.0, "NHWC", var == "TORCHOPS_CUDNN_BN")
+@pytest.mark.parametrize("vectorized", [True, False])
+@pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 5, 6, 32)), ("NCHW", (4, 7, 6, 8))])
+def test_cuda_normalize_routes_ran(set_routes, vectorized, fmt, shape):
+    """The element-wise pass runs the route asked for (the vectorized kernel only where it is on)."""
+    set_routes({"fused_batch_norm.cuda.cudnn": False, "fused_batch_norm.cuda.cudnn_inference": False, "fused_batch_norm.cuda.vectorized": vectorized})
+    _, gpu, op_fmt = _gpu_inputs(fmt, shape, torch.float32, seed=9)
+    ran = "fused_batch_norm.cuda." + ("vectorized" if vectorized else "plain")
+    before = torchops.backends.hits(ran)
+    for training in (True, False):
+        fbn(*gpu, 1e-3, 1.0, op_fmt, training)
+    assert torchops.backends.hits(ran) - before == 2
 
 
 @pytest.mark.cuda
-@pytest.mark.parametrize("route", ["1", "0"])
+@pytest.mark.parametrize("route", ["on", "off"])
 @pytest.mark.parametrize("fmt,shape", [("NHWC", (4, 5, 6, 16)), ("NCHW", (4, 16, 5, 6))])
-def test_cuda_opcheck_on_each_route(monkeypatch, route, fmt, shape):
+def test_cuda_opcheck_on_each_route(set_routes, route, fmt, shape):
     """The fake kernels describe what each CUDA route returns (reserve_space_3 included)."""
-    monkeypatch.setenv("TORCHOPS_CUDNN_BN", route)
+    set_routes({"fused_batch_norm.cuda.cudnn": route == "on"})
     x, scale, offset, mean, var = make_inputs(shape, fmt, torch.float32, "cuda", seed=14)
     args = (x.requires_grad_(), scale.requires_grad_(), offset.requires_grad_(), mean, var, 1e-3, 0.5, fmt, True)
     torch.library.opcheck(fbn.default, args)
@@ -1272,8 +1275,8 @@ def test_cuda_opcheck_on_each_route(monkeypatch, route, fmt, shape):
 
 
 @pytest.mark.cuda
-def test_cuda_compile_inductor_cudnn_route_matches_eager(monkeypatch):
-    monkeypatch.setenv("TORCHOPS_CUDNN_BN", "1")
+def test_cuda_compile_inductor_cudnn_route_matches_eager(set_routes):
+    set_routes({"fused_batch_norm.cuda.cudnn": True})
     torch._dynamo.reset()
 
     def f(x, scale, offset, mean, var):

@@ -10,6 +10,7 @@ from . import _loader
 library_path = _loader.load()
 
 from . import _fake  # noqa: E402,F401  (registers fake kernels)
+from . import backends  # noqa: E402,F401
 from . import autograd, functional, nn  # noqa: E402,F401
 from . import batching  # noqa: E402,F401
 from . import accumulator, optim  # noqa: E402,F401

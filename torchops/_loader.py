@@ -42,6 +42,8 @@ def load():
         raise ImportError(
             f"torchops: could not load {path} (built against torch {built or 'unknown'}, running torch "
             f"{torch.__version__}): {e}; {_REBUILD}") from e
+    # TORCHOPS_ROUTES / TORCHOPS_CPU_CAPABILITY: a malformed or unknown value is reported at import.
+    torch.ops.torchops._routes_apply_environment()
     _loaded = path
     return path
 

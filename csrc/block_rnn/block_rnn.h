@@ -5,6 +5,8 @@
 // math of csrc/common/block_rnn_math.h, and registers the op entry points bound to its table (Impls<K>).
 #pragma once
 
+#include "common/routes.h"
+
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
 
@@ -104,6 +106,12 @@ struct Kernels {
   bool (*gru_forward_sequence)(const GruSeqForward& a);
   bool (*gru_backward_sequence)(const GruSeqBackward& a);
 };
+
+// The family's routes (block_rnn/routes.cpp).
+namespace route {
+extern routes::CapabilityRoutes cpu_step_kernels;
+extern routes::Route cuda_persistent, cuda_steps;
+}  // namespace route
 
 // The CUDA whole-sequence recurrences (csrc/cuda/block_rnn_persistent.cu; CUDA builds only).
 bool lstm_forward_sequence_cuda(const LstmSeqForward& a);

@@ -106,11 +106,19 @@ void check_backend(const at::Tensor& x, const Kernels& k) {
 void mm_into(at::Tensor out, const at::Tensor& a, const at::Tensor& b) { at::mm_out(out, a, b); }
 
 
-// Whether the sequence ops may run a backend's whole-sequence recurrence (Kernels::*_sequence):
-// TORCHOPS_BLOCK_RNN_PERSISTENT=0 selects the per-step loop. Read on every call.
-bool persistent_enabled() {
-  const char* v = std::getenv("TORCHOPS_BLOCK_RNN_PERSISTENT");
-  return v == nullptr || std::strcmp(v, "0") != 0;
+// Whether the sequence ops may run a backend's whole-sequence recurrence (Kernels::*_sequence): its route.
+bool persistent_enabled() { return route::cuda_persistent.enabled(); }
+
+// Runs a whole-sequence recurrence if its route allows and it takes the case, counting the route that runs
+// the sequence on CUDA (persistent, or the per-step loop the caller then runs).
+template <typename Args>
+bool run_sequence(bool (*fn)(const Args&), const Args& a) {
+  if (fn != nullptr && persistent_enabled() && fn(a)) {
+    route::cuda_persistent.ran();
+    return true;
+  }
+  route::cuda_steps.ran();
+  return false;
 }
 
 // x_t @ w_x + bias for steps [0, L) as one GEMM: [L, B, N]. On CUDA one GEMM over all steps beats chunks.
@@ -232,8 +240,8 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
   if (x3.is_cuda()) {
     pre_ru_all = input_projection(x3, L, wru_x, b_ru);
     pre_c_all = input_projection(x3, L, wc_x, b_c);
-    if (seq_op && k.gru_forward_sequence && persistent_enabled() &&
-        k.gru_forward_sequence(GruSeqForward{pre_ru_all, pre_c_all, wru_h, wc_h, h_prev, L, r, u, c, h}))
+    if (seq_op && run_sequence(k.gru_forward_sequence,
+                               GruSeqForward{pre_ru_all, pre_c_all, wru_h, wc_h, h_prev, L, r, u, c, h}))
       return;
   }
   const bool pre_done = pre_ru_all.defined();
@@ -297,9 +305,9 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
   at::Tensor dh_carry = at::zeros({B, C}, opts);
   at::Tensor hr_all = weight_grads ? at::empty({L, B, C}, opts) : at::Tensor();
   // The whole recurrence in one launch where the backend has it (else the loop below).
-  const bool whole = x3.is_cuda() && seq_op && k.gru_backward_sequence && persistent_enabled() &&
-                     k.gru_backward_sequence(GruSeqBackward{wru_h, wc_h, h_prev, r, u, c, h, h_grad, g_r, g_u, g_c,
-                                                            L, d_c_bar, d_rbu, hr_all, dh_carry});
+  const bool whole = x3.is_cuda() && seq_op &&
+                     run_sequence(k.gru_backward_sequence, GruSeqBackward{wru_h, wc_h, h_prev, r, u, c, h, h_grad, g_r,
+                                                                          g_u, g_c, L, d_c_bar, d_rbu, hr_all, dh_carry});
   const int64_t loop_steps = whole ? 0 : L;
   // A single step's backward runs unsplit: its transposed-weight GEMMs would re-pack the whole weight in
   // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
@@ -546,10 +554,10 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
   at::Tensor pre_all;
   if (x3.is_cuda()) {
     pre_all = input_projection(x3, L, w_x, b);
-    if (seq_op && k.lstm_forward_sequence && persistent_enabled() &&
-        k.lstm_forward_sequence(LstmSeqForward{pre_all, w_h, cs_prev, h_prev, wci, wcf, wco, forget_bias, cell_clip,
-                                               use_peephole, ifco, L, out.i, out.cs, out.f, out.o, out.ci, out.co,
-                                               out.h}))
+    if (seq_op && run_sequence(k.lstm_forward_sequence,
+                               LstmSeqForward{pre_all, w_h, cs_prev, h_prev, wci, wcf, wco, forget_bias, cell_clip,
+                                              use_peephole, ifco, L, out.i, out.cs, out.f, out.o, out.ci, out.co,
+                                              out.h}))
       return;
   }
   const bool pre_done = pre_all.defined();
@@ -630,11 +638,11 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   const bool own = input_grads && StepGemm::own_kernel(w) && L * B > 1 && I > 0;
   std::optional<StepGemm> x_gemm;
   if (own) x_gemm.emplace(w_x, /*trans=*/true, B, 2);
-  const bool whole = x3.is_cuda() && seq_op && input_grads && k.lstm_backward_sequence && persistent_enabled() &&
-                     k.lstm_backward_sequence(LstmSeqBackward{w_h, cs_prev, wci, wcf, wco, fw.i, fw.cs, fw.f, fw.o,
-                                                              fw.ci, fw.co, h_grad, cs_grad, g_i, g_f, g_o, g_ci,
-                                                              g_co, use_peephole, ifco, L, dgates, dh_carry,
-                                                              out.cs_prev_grad});
+  const bool whole = x3.is_cuda() && seq_op && input_grads &&
+                     run_sequence(k.lstm_backward_sequence,
+                                  LstmSeqBackward{w_h, cs_prev, wci, wcf, wco, fw.i, fw.cs, fw.f, fw.o, fw.ci, fw.co,
+                                                  h_grad, cs_grad, g_i, g_f, g_o, g_ci, g_co, use_peephole, ifco, L,
+                                                  dgates, dh_carry, out.cs_prev_grad});
   // As GRU's: a single step runs unsplit.
   const auto rec_s = shared_step_gemm(w_h, true, input_grads && !whole ? L : 0);
   if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {

@@ -35,21 +35,15 @@ template <typename T>
 using opm = at::opmath_type<T>;
 
 // Row kernels, compiled three times: for the baseline ISA, AVX2+FMA and AVX-512 (x86-64 with GCC),
-// picked at run time by what the CPU supports (csrc/cpu/cpu_isa.h). They are in block_rnn_kernel_isa.h.
+// picked at run time by the step kernels' CPU capability routes (csrc/cpu/cpu_isa.h, block_rnn/routes.cpp).
+// They are in block_rnn_kernel_isa.h.
 #define TORCHOPS_ISA_SELF "cpu/block_rnn_kernel_isa.h"
 #define TORCHOPS_ISA_AVX512 1
 #include "cpu/cpu_isa_sections.h"
 #undef TORCHOPS_ISA_AVX512
 #undef TORCHOPS_ISA_SELF
 
-using cpu::isa_level;
-
-#if TORCHOPS_MULTI_ISA
-#define TORCHOPS_PICK(...) \
-  (isa_level() == 2 ? &isa_avx512::__VA_ARGS__ : isa_level() == 1 ? &isa_avx2::__VA_ARGS__ : &isa_base::__VA_ARGS__)
-#else
-#define TORCHOPS_PICK(...) (&isa_base::__VA_ARGS__)
-#endif
+#define TORCHOPS_PICK(...) TORCHOPS_ISA_PICK(route::cpu_step_kernels.slot, __VA_ARGS__)
 
 // ------------------------------------------------------------------------------------------------
 // GRU
@@ -211,6 +205,7 @@ void lstm_backward_cpu(const at::Tensor& i, const at::Tensor& cs, const at::Tens
 }
 
 #undef TORCHOPS_LSTM_BWD_ROW
+#undef TORCHOPS_PICK
 
 const Kernels kCpuKernels{gru_gates_cpu, gru_output_cpu, gru_backward_a_cpu, gru_backward_b_cpu,
                           lstm_forward_cpu, lstm_backward_cpu, c10::DeviceType::CPU,

@@ -4,9 +4,12 @@
 // them (through cpu_isa_sections.h) inside namespaces `isa_base`, `isa_avx2` (under
 // `#pragma GCC target("avx2,fma")`) and, where wider vectors pay, `isa_avx512`, after every header it needs
 // has been included at the baseline ISA, so only torchops' own functions get wider code and no inline
-// library function is emitted twice. `isa_level()` picks the
-// build at run time, so one binary runs on any x86-64 (and elsewhere uses the baseline build only).
+// library function is emitted twice. A family's CPU capability routes (common/routes.h) pick the build at
+// run time, within `isa_level()` and the capability in use, so one binary runs on any x86-64 (and elsewhere
+// uses the baseline build only).
 #pragma once
+
+#include "common/routes.h"
 
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define TORCHOPS_MULTI_ISA 1
@@ -30,5 +33,26 @@ inline int isa_level() {
 #endif
 }
 
+// Whether the CPU is Intel's: MKL runs its tuned kernels only there (elsewhere its generic path).
+inline bool cpu_is_intel() {
+#if TORCHOPS_MULTI_ISA
+  __builtin_cpu_init();  // (may run in a static initializer, before the library's own constructors)
+  return __builtin_cpu_is("intel");
+#else
+  return false;
+#endif
+}
+
 }  // namespace cpu
 }  // namespace torchops
+
+// The build of `fn` (a function in the isa_* namespaces of cpu_isa_sections.h) picked by a slot's CPU
+// capability routes `slot`: a `const routes::Route* const[3]` of the AVX-512, AVX2 and Default routes.
+#if TORCHOPS_MULTI_ISA
+#define TORCHOPS_ISA_PICK(slot, ...)                                                          \
+  ([&](int i) { return i == 0 ? &isa_avx512::__VA_ARGS__ : i == 1 ? &isa_avx2::__VA_ARGS__ \
+                                                                  : &isa_base::__VA_ARGS__; }( \
+      ::torchops::routes::pick(slot, 3)))
+#else
+#define TORCHOPS_ISA_PICK(slot, ...) (::torchops::routes::pick(slot, 3), &isa_base::__VA_ARGS__)
+#endif

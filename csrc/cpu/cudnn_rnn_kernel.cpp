@@ -27,14 +27,8 @@ namespace {
 #undef TORCHOPS_ISA_AVX512
 #undef TORCHOPS_ISA_SELF
 
-using cpu::isa_level;
-
-#if TORCHOPS_MULTI_ISA
-#define TORCHOPS_PICK(...) \
-  (isa_level() == 2 ? &isa_avx512::__VA_ARGS__ : isa_level() == 1 ? &isa_avx2::__VA_ARGS__ : &isa_base::__VA_ARGS__)
-#else
-#define TORCHOPS_PICK(...) (&isa_base::__VA_ARGS__)
-#endif
+// The build for the capability in use, by the gate kernels' routes.
+#define TORCHOPS_PICK(...) TORCHOPS_ISA_PICK(route::cpu_gate_kernels.slot, __VA_ARGS__)
 
 constexpr int64_t kGrainElems = 4096;
 inline int64_t row_grain(int64_t n) { return std::max<int64_t>(1, kGrainElems / std::max<int64_t>(n, 1)); }
@@ -151,10 +145,11 @@ void rnn_bwd_cpu(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& dg
 }
 
 #undef TORCHOPS_CRNN_DISPATCH
+#undef TORCHOPS_PICK
 
-const Kernels kCpuKernels{lstm_fwd_cpu, gru_fwd_cpu, rnn_fwd_cpu, mask_state_cpu, bwd_prep_cpu,
-                          lstm_bwd_cpu, gru_bwd_cpu, rnn_bwd_cpu, c10::DeviceType::CPU, onednn_forward,
-                          onednn_backward};
+const Kernels kCpuKernels{lstm_fwd_cpu, gru_fwd_cpu,  rnn_fwd_cpu,          mask_state_cpu,
+                          bwd_prep_cpu, lstm_bwd_cpu, gru_bwd_cpu,          rnn_bwd_cpu,
+                          c10::DeviceType::CPU,       &route::cpu_loops,    {&route::cpu_onednn, onednn_forward, onednn_backward}};
 
 }  // namespace
 }  // namespace crnn

@@ -1,7 +1,6 @@
 // oneDNN's fused LSTM for CudnnRNN on the CPU: float32 lstm without projection, skip input or sequence
 // lengths (the cases it computes as the time loops do), for inference and for training without dropout
-// between layers: its packed weights and fused cell beat per-step GEMMs. TORCHOPS_CPU_ONEDNN_RNN=0 turns the
-// route off.
+// between layers: its packed weights and fused cell beat per-step GEMMs. Its route is cudnn_rnn.cpu.onednn.
 #include "cpu/cudnn_rnn_onednn.h"
 
 #include <ATen/Context.h>
@@ -12,7 +11,6 @@
 #include <c10/core/GradMode.h>
 #include <c10/core/impl/alloc_cpu.h>
 
-#include <cstdlib>
 #if defined(__unix__) || defined(__APPLE__)
 #include <sys/mman.h>
 #endif
@@ -26,13 +24,9 @@ namespace {
 using at::Tensor;
 
 bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
-  static const bool enabled = [] {
-    const char* e = std::getenv("TORCHOPS_CPU_ONEDNN_RNN");
-    return e == nullptr || std::string(e) != "0";
-  }();
   const bool shape_ok = c.mode == kLstm && c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
   const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
-  return enabled && shape_ok && train_ok && x.scalar_type() == at::kFloat && at::hasMKLDNN() &&
+  return shape_ok && train_ok && x.scalar_type() == at::kFloat && at::hasMKLDNN() &&
          at::globalContext().userEnabledMkldnn();
 }
 

@@ -1,5 +1,6 @@
 // CPU kernels of FusedBatchNormV3 / FusedBatchNormGradV3, compiled for the baseline ISA and for
-// AVX2+FMA (the loops in fused_batch_norm_kernel_isa.h; see csrc/cpu/cpu_isa.h) and picked at run time.
+// AVX2+FMA (the loops in fused_batch_norm_kernel_isa.h; see csrc/cpu/cpu_isa.h) and picked at run time by the
+// family's CPU capability routes (fused_batch_norm/routes.cpp).
 //
 // Two loop orders, both reading memory front to back:
 //  * channels-first ([N, C, spatial], inner > 1): one task per channel; the channel's runs are summed,
@@ -114,10 +115,14 @@ TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((noinline)) void scaling_factors<float
 #undef TORCHOPS_ISA_SELF
 
 const Kernels& cpu_kernels() {
+  static const routes::Route* const slot[2] = {&route::cpu_avx2, &route::cpu_default};
 #if TORCHOPS_MULTI_ISA
-  if (cpu::isa_level() >= 1) return isa_avx2::kernels();
-#endif
+  if (routes::pick(slot, 2) == 0) return isa_avx2::kernels();
   return isa_base::kernels();
+#else
+  routes::pick(slot, 2);
+  return isa_base::kernels();
+#endif
 }
 
 // The Kernels table: each entry runs the build for this CPU's instruction set.

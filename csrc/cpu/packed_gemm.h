@@ -5,25 +5,35 @@
 // tiles, B in column panels, A read in place) reaches about 1.5x that. Defined in packed_gemm_kernel.cpp.
 #pragma once
 
+#include "common/routes.h"
+
 #include <cstdint>
 
 namespace torchops {
 namespace cpu {
 
-// Whether the kernel is built for this CPU (x86-64 with AVX2 + FMA, GCC builds) and not switched off
-// with TORCHOPS_CPU_PACKED_GEMM=0 (read once); callers otherwise use MKL's packed GEMM or ATen.
-bool packed_gemm_available();
+// The routes of the recurrent GEMM of the CPU time loops (rnn_util::StepGemm), shared by the two RNN families
+// (defined in packed_gemm_kernel.cpp): torchops' packed kernel (on by default except on Intel CPUs, where MKL
+// runs its tuned kernels), MKL's packed GEMM, and ATen's GEMM.
+namespace gemm_route {
+extern routes::Route packed_avx512, packed_avx2, mkl_packed, aten;
+}  // namespace gemm_route
+
+// The build of the kernel a new packed operand uses (0: AVX-512, 1: AVX2 + FMA), by the routes, or -1 when
+// neither is enabled or built for this CPU (x86-64 with AVX2 + FMA, GCC builds); callers then use MKL's packed
+// GEMM or ATen. An operand is packed and computed with the same variant.
+int packed_gemm_variant();
 
 // Floats needed to pack a [k, n] right operand.
-int64_t packed_gemm_size(int64_t k, int64_t n);
+int64_t packed_gemm_size(int variant, int64_t k, int64_t n);
 
 // Packs B, element (r, j) = trans ? b[j * ldb + r] : b[r * ldb + j] for r < k, j < n, into dst.
-void packed_gemm_pack(const float* b, int64_t ldb, bool trans, int64_t k, int64_t n, float* dst);
+void packed_gemm_pack(int variant, const float* b, int64_t ldb, bool trans, int64_t k, int64_t n, float* dst);
 
 // c[m, n] = A @ B (accumulate = false: c is not read) or c += A @ B, A(i, q) = a[i * lda + q] or, with
 // trans_a, a[q * lda + i] (a transposed view read in place); k >= 1. Splits the columns over the intra-op
 // threads when called outside a parallel region and the product is large.
-void packed_gemm_compute(int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool trans_a,
+void packed_gemm_compute(int variant, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool trans_a,
                          const float* packed, bool accumulate, float* c, int64_t ldc);
 
 }  // namespace cpu

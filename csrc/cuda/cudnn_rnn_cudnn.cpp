@@ -22,8 +22,6 @@
 #include <ATen/ops/empty.h>
 
 #include <algorithm>
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 namespace torchops {
@@ -32,17 +30,10 @@ namespace {
 
 using at::Tensor;
 
-bool enabled() {
-  const char* v = std::getenv("TORCHOPS_CUDNN_RNN");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "0") == 0) return false;
-  TORCH_CHECK_VALUE(false, "TORCHOPS_CUDNN_RNN must be 1 or 0, got '", v, "'");
-}
-
 bool covers(const Cfg& c, const Tensor& x, double dropout, bool is_training) {
   const bool shape_ok = !c.skip && c.B > 0 && c.I > 0 && c.T > 0;
   const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
-  return shape_ok && train_ok && x.is_cuda() && x.scalar_type() == at::kFloat && enabled() &&
+  return shape_ok && train_ok && x.is_cuda() && x.scalar_type() == at::kFloat &&
          at::globalContext().userEnabledCuDNN() && at::detail::getCUDAHooks().compiledWithCuDNN();
 }
 
@@ -159,7 +150,7 @@ std::optional<T4> cudnn_backward(const Cfg& c, const Layout& lay, const Tensor& 
                                  const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY,
                                  const Tensor& dhN, const Tensor& dcN) {
   const auto* s = static_cast<const CudnnState*>(reserve_state(reserve, &delete_state));
-  if (s == nullptr || !enabled()) return std::nullopt;
+  if (s == nullptr) return std::nullopt;
   const std::optional<Packing>& pk = s->packing;
   const std::vector<Tensor> w = weight_list(c, lay, p);
   const bool lstm = c.mode == kLstm;

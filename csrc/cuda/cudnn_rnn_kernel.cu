@@ -259,8 +259,8 @@ void rnn_bwd_cuda(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& d
 #undef TORCHOPS_CRNN_LAUNCH
 
 const Kernels kCudaKernels{lstm_fwd_cuda, gru_fwd_cuda, rnn_fwd_cuda, mask_state_cuda, bwd_prep_cuda,
-                           lstm_bwd_cuda, gru_bwd_cuda, rnn_bwd_cuda, c10::DeviceType::CUDA, cudnn_forward,
-                           cudnn_backward};
+                           lstm_bwd_cuda, gru_bwd_cuda, rnn_bwd_cuda, c10::DeviceType::CUDA, &route::cuda_loops,
+                           {&route::cuda_cudnn, cudnn_forward, cudnn_backward}};
 
 }  // namespace
 }  // namespace crnn

@@ -3,12 +3,9 @@
 //
 // The op's contract holds on this route too: reserve_space_1/2 are the batch mean and the biased batch
 // variance; reserve_space_3 carries cuDNN's reserve bytes as a float32 vector ([0] when cuDNN keeps none),
-// which the grad op hands back to cuDNN. Switches (read on every call, so one process can compare routes):
-//   TORCHOPS_CUDNN_BN=auto|1|0       auto (default): cuDNN except the channels-first training forward and
-//                                    backward with planes of kOwnPlaneMin elements or more (own kernels);
-//                                    1: cuDNN wherever it runs; 0: never.
-//   TORCHOPS_BN_CUDA_INFERENCE=vector|cudnn   inference through torchops' vectorized kernel (default) or cuDNN.
-// cuDNN is used only where ATen itself would pick it (torch.backends.cudnn.enabled, epsilon >= cuDNN's minimum,
+// which the grad op hands back to cuDNN. The routes (fused_batch_norm/routes.cpp) switch training and
+// inference separately; channels-first training with planes of kOwnPlaneMin elements or more stays on
+// torchops' kernels. cuDNN is used only where ATen itself would pick it (torch.backends.cudnn.enabled, epsilon >= cuDNN's minimum,
 // batch size and element-count limits), for float32 and float16 data: float64 and bfloat16 stay on torchops'
 // kernels, as do the inference gradient and batches with fewer than two elements per channel.
 #include "cuda/fused_batch_norm_cudnn.h"
@@ -20,8 +17,6 @@
 #include <ATen/ops/zeros.h>
 #include <c10/util/irange.h>
 
-#include <cstdlib>
-#include <cstring>
 #include <vector>
 
 namespace at {
@@ -39,23 +34,6 @@ namespace {
 // Channels-first planes at least this large keep torchops' own training kernels under `auto` (they measured
 // faster than ATen there; smaller planes and channels-last data did not).
 constexpr int64_t kOwnPlaneMin = 1024;
-
-enum class Route { Off, Auto, All };
-
-Route route() {
-  const char* v = std::getenv("TORCHOPS_CUDNN_BN");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return Route::Auto;
-  if (std::strcmp(v, "1") == 0) return Route::All;
-  if (std::strcmp(v, "0") == 0) return Route::Off;
-  TORCH_CHECK_VALUE(false, "TORCHOPS_CUDNN_BN must be auto, 1 or 0, got '", v, "'");
-}
-
-bool cudnn_inference() {
-  const char* v = std::getenv("TORCHOPS_BN_CUDA_INFERENCE");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "vector") == 0) return false;
-  if (std::strcmp(v, "cudnn") == 0) return true;
-  TORCH_CHECK_VALUE(false, "TORCHOPS_BN_CUDA_INFERENCE must be vector or cudnn, got '", v, "'");
-}
 
 // x with the channels at dim 1, as cuDNN's ops take it: channels-last data becomes an NCHW view with
 // channels_last strides (no copy).
@@ -92,12 +70,9 @@ bool cudnn_runs(const at::Tensor& xv, const at::Tensor& scale, const at::Tensor&
          at::native::BatchNormBackend::Cudnn;
 }
 
-// The training forward and backward under the route switch (inference has its own switch).
+// The training cases the route leaves to torchops' kernels: channels-first data with large planes.
 bool training_route_allows(const at::Tensor& xv) {
-  const Route r = route();
-  if (r == Route::Off) return false;
-  if (r == Route::All || !channels_first_data(xv)) return true;
-  return xv.numel() / (xv.size(0) * xv.size(1)) < kOwnPlaneMin;
+  return !channels_first_data(xv) || xv.numel() / (xv.size(0) * xv.size(1)) < kOwnPlaneMin;
 }
 
 // Attributes are float32 in TF; round them as the own kernels' orchestration does.
@@ -119,16 +94,9 @@ std::optional<ForwardResult> cudnn_forward(const at::Tensor& x, int64_t cdim, co
                                            const at::Tensor& offset, const at::Tensor& mean,
                                            const at::Tensor& variance, double epsilon,
                                            double exponential_avg_factor, bool is_training) {
+  if (!is_training) return std::nullopt;
   const at::Tensor xv = channels_first_view(x, cdim);
   const at::Tensor w = scale.contiguous(), b = offset.contiguous();
-  if (!is_training) {
-    if (route() == Route::Off || !cudnn_inference()) return std::nullopt;
-    const at::Tensor m = mean.contiguous(), v = variance.contiguous();
-    if (!cudnn_runs(xv, w, b, m, v, false, epsilon)) return std::nullopt;
-    at::Tensor y = std::get<0>(at::cudnn_batch_norm(xv, w, b, m, v, false, 0.0, epsilon));
-    return ForwardResult{from_channels_first(y, cdim), mean.clone(), variance.clone(), mean.clone(),
-                         variance.clone(), at::empty({0}, mean.options())};
-  }
   if (!training_route_allows(xv)) return std::nullopt;
   const int64_t channels = xv.size(1);
   const auto uopts = scale.options();
@@ -146,6 +114,20 @@ std::optional<ForwardResult> cudnn_forward(const at::Tensor& x, int64_t cdim, co
   }
   return ForwardResult{from_channels_first(y, cdim), batch_mean, batch_var, save_mean, var_biased,
                        reserve_as_stats(reserve, uopts)};
+}
+
+std::optional<ForwardResult> cudnn_inference_forward(const at::Tensor& x, int64_t cdim, const at::Tensor& scale,
+                                                     const at::Tensor& offset, const at::Tensor& mean,
+                                                     const at::Tensor& variance, double epsilon,
+                                                     double exponential_avg_factor, bool is_training) {
+  if (is_training) return std::nullopt;
+  const at::Tensor xv = channels_first_view(x, cdim);
+  const at::Tensor w = scale.contiguous(), b = offset.contiguous();
+  const at::Tensor m = mean.contiguous(), v = variance.contiguous();
+  if (!cudnn_runs(xv, w, b, m, v, false, epsilon)) return std::nullopt;
+  at::Tensor y = std::get<0>(at::cudnn_batch_norm(xv, w, b, m, v, false, 0.0, epsilon));
+  return ForwardResult{from_channels_first(y, cdim), mean.clone(), variance.clone(), mean.clone(), variance.clone(),
+                       at::empty({0}, mean.options())};
 }
 
 std::optional<GradResult> cudnn_backward(const at::Tensor& dy, const at::Tensor& x, int64_t cdim,

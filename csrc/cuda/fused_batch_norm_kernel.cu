@@ -6,7 +6,8 @@
 // layouts read coalesced: channels-first blocks walk one channel's contiguous runs; channels-last
 // blocks are 32 channels wide (a warp reads 32 consecutive channels of a row) and 8 rows tall.
 // The element-wise passes then apply the shared scalar math of common/fused_batch_norm_math.h. Where cuDNN
-// runs the case, the Kernels table's library routes (cuda/fused_batch_norm_cudnn.cpp) take it instead.
+// runs the case and its route is on, the Kernels table's library routes (cuda/fused_batch_norm_cudnn.cpp) take it
+// instead.
 #include "common/fused_batch_norm_math.h"
 #include "cuda/fused_batch_norm_cudnn.h"
 #include "fused_batch_norm/fused_batch_norm.h"
@@ -263,8 +264,8 @@ unsigned elementwise_blocks(int64_t numel) {
 
 unsigned channel_blocks(int64_t C) { return static_cast<unsigned>((C + kThreads - 1) / kThreads); }
 
-// y = normalize(x) with per-channel mean, alpha, offset: the vectorized kernel where the layout and the
-// pointers allow it, the plain one otherwise.
+// y = normalize(x) with per-channel mean, alpha, offset: the vectorized kernel where its route is on and the
+// layout and the pointers allow it, the plain one otherwise.
 template <typename T, typename U>
 void launch_normalize(const Layout& L, const T* x, const U* mean, const U* alpha, const U* offset, int64_t numel,
                       T* y, cudaStream_t stream) {
@@ -273,7 +274,8 @@ void launch_normalize(const Layout& L, const T* x, const U* mean, const U* alpha
   const bool fits = numel <= static_cast<int64_t>(UINT32_MAX) && L.channels <= static_cast<int64_t>(UINT32_MAX) &&
                     L.inner <= static_cast<int64_t>(UINT32_MAX);
   const bool last = L.inner == 1;
-  if (aligned && fits && (last ? L.channels % VEC == 0 : L.inner % VEC == 0)) {
+  if (route::cuda_vectorized.enabled() && aligned && fits && (last ? L.channels % VEC == 0 : L.inner % VEC == 0)) {
+    route::cuda_vectorized.ran();
     const auto nvec = static_cast<uint32_t>(numel / VEC);
     const int sms = at::cuda::getCurrentDeviceProperties()->multiProcessorCount;
     const int64_t per_sm = at::cuda::getCurrentDeviceProperties()->maxThreadsPerMultiProcessor / kThreads;
@@ -291,6 +293,7 @@ void launch_normalize(const Layout& L, const T* x, const U* mean, const U* alpha
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     return;
   }
+  route::cuda_plain.ran();
   normalize_kernel<T, U><<<elementwise_blocks(numel), kThreads, 0, stream>>>(x, mean, alpha, offset, numel,
                                                                             L.channels, L.inner, y);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -357,7 +360,9 @@ void backward_cuda(const Layout& L, const at::Tensor& dy, const at::Tensor& x, c
   });
 }
 
-const Kernels kCudaKernels{train_forward_cuda, infer_forward_cuda, backward_cuda, cudnn_forward, cudnn_backward};
+const Kernels kCudaKernels{train_forward_cuda, infer_forward_cuda, backward_cuda, &route::cuda_kernels,
+                           {{&route::cuda_cudnn, cudnn_forward, cudnn_backward},
+                            {&route::cuda_cudnn_inference, cudnn_inference_forward, nullptr}}};
 
 }  // namespace
 }  // namespace fbn

@@ -5,8 +5,10 @@
 // (csrc/cpu/cudnn_rnn_kernel.cpp, csrc/cuda/cudnn_rnn_kernel.cu) over the scalar math of
 // csrc/common/cudnn_rnn_math.h and registers the op entry points bound to its table (Impls<K>), and
 // optionally a whole-op library route (CPU: oneDNN's LSTM, csrc/cpu/cudnn_rnn_onednn.cpp; CUDA: cuDNN,
-// csrc/cuda/cudnn_rnn_cudnn.cpp).
+// csrc/cuda/cudnn_rnn_cudnn.cpp). The routes themselves are in cudnn_rnn/routes.cpp.
 #pragma once
+
+#include "common/routes.h"
 
 #include <ATen/core/Tensor.h>
 #include <torch/library.h>
@@ -95,23 +97,34 @@ struct Kernels {
   void (*rnn_bwd)(const at::Tensor& g, const at::Tensor& dh, const at::Tensor& dg, bool relu, const at::Tensor& lens,
                   int64_t t);
   c10::DeviceType device;
-  // Optional whole-op route through a vendor library, tried after validation with time-major, contiguous
-  // tensors in the compute dtype; nullopt leaves the case to the time loops. A training forward returns a
-  // reserve of `reserve_numel` elements that only library_backward can use.
-  std::optional<LibraryForward> (*library_forward)(const Cfg& c, const Layout& lay, const at::Tensor& x,
-                                                   const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
-                                                   const at::Tensor& lens, double dropout, bool is_training,
-                                                   int64_t reserve_numel) = nullptr;
-  // (dx, dh0, dc0, dp) from a library forward's reserve; nullopt when the reserve no longer carries the
-  // library's state (a copy of it), and the orchestration recomputes the forward with the time loops.
-  std::optional<T4> (*library_backward)(const Cfg& c, const Layout& lay, const at::Tensor& reserve,
-                                        const at::Tensor& x, const at::Tensor& h0, const at::Tensor& c0,
-                                        const at::Tensor& p, const at::Tensor& dY, const at::Tensor& dhN,
-                                        const at::Tensor& dcN) = nullptr;
+  // The route counted when the time loops ran the op.
+  const routes::Route* loops_route = nullptr;
+  // Optional whole-op route through a vendor library, tried (when its route is enabled) after validation with
+  // time-major, contiguous tensors in the compute dtype; nullopt leaves the case to the time loops. A training
+  // forward returns a reserve of `reserve_numel` elements that only its backward can use.
+  struct LibraryRoute {
+    const routes::Route* route = nullptr;
+    std::optional<LibraryForward> (*forward)(const Cfg& c, const Layout& lay, const at::Tensor& x,
+                                             const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
+                                             const at::Tensor& lens, double dropout, bool is_training,
+                                             int64_t reserve_numel) = nullptr;
+    // (dx, dh0, dc0, dp) from a library forward's reserve; nullopt when the reserve no longer carries the
+    // library's state (a copy of it), and the orchestration recomputes the forward with the time loops.
+    std::optional<T4> (*backward)(const Cfg& c, const Layout& lay, const at::Tensor& reserve, const at::Tensor& x,
+                                  const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
+                                  const at::Tensor& dY, const at::Tensor& dhN, const at::Tensor& dcN) = nullptr;
+  };
+  LibraryRoute library;
 };
 
 using T5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 using Str = c10::string_view;
+
+// The family's routes (cudnn_rnn/routes.cpp).
+namespace route {
+extern routes::Route cpu_onednn, cpu_loops, cuda_cudnn, cuda_loops;
+extern routes::CapabilityRoutes cpu_gate_kernels;
+}  // namespace route
 
 // Forward ops (version 1, 2, 3). V1/V2 pass an undefined sequence_lengths, num_proj 0, time_major true.
 T5 cudnn_rnn_forward(int version, const at::Tensor& input, const at::Tensor& input_h, const at::Tensor& input_c,

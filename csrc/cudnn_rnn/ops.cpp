@@ -617,8 +617,9 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest);
   const bool has_mask = is_training && dropout > 0.0 && c.L > 1;
   const int64_t total = reserve_elems(c, has_mask, cdt);
-  if (k.library_forward != nullptr && dt == cdt) {
-    if (auto lib = k.library_forward(c, lay, x, h0, c0, p, lens, dropout, is_training, total)) {
+  if (k.library.forward != nullptr && dt == cdt && k.library.route->enabled()) {
+    if (auto lib = k.library.forward(c, lay, x, h0, c0, p, lens, dropout, is_training, total)) {
+      k.library.route->ran();
       Tensor reserve = at::empty({0}, input.options());
       if (is_training) {
         TORCH_INTERNAL_ASSERT(lib->reserve.numel() == total);
@@ -630,6 +631,7 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
               at::empty({0}, input.options().dtype(at::kChar))};
     }
   }
+  k.loops_route->ran();
   Tensor buf = at::empty({total}, copts);
   Res r = carve(c, has_mask, buf);
   if (has_mask) fill_masks(r, dropout, seed, seed2);
@@ -727,10 +729,13 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
     return {finish(dx, tm, dt), finish(dh0, tm, dt), dc_out, params_backprop};
   };
   const bool library = layout == kLibraryLayout;
-  if (library && k.library_backward != nullptr && dt == cdt) {
-    if (auto g = k.library_backward(c, lay, buf, x, h0, c0, p, dY, dhN, dcN))
+  if (library && k.library.backward != nullptr && dt == cdt && k.library.route->enabled()) {
+    if (auto g = k.library.backward(c, lay, buf, x, h0, c0, p, dY, dhN, dcN)) {
+      k.library.route->ran();
       return result(std::get<0>(*g), std::get<1>(*g), std::get<2>(*g), std::get<3>(*g));
+    }
   }
+  k.loops_route->ran();
   // A library reserve without the library's state (a copy, or another device): recompute with the loops.
   Res r = carve(c, has_mask, library ? at::empty({total}, copts) : buf);
   if (library) {

@@ -4,6 +4,8 @@
 // bound to one table (Impls<K>), which each backend registers.
 #pragma once
 
+#include "common/routes.h"
+
 #include <ATen/core/Tensor.h>
 
 #include <optional>
@@ -39,18 +41,23 @@ struct Kernels {
   void (*backward)(const Layout&, const at::Tensor& dy, const at::Tensor& x, const at::Tensor& scale,
                    const at::Tensor& mu, const at::Tensor& var, double epsilon, bool is_training,
                    at::Tensor& dx, at::Tensor& dscale, at::Tensor& doffset);
-  // Optional whole-op routes through a vendor library (CUDA: cuDNN), tried after validation when x has data.
-  // x and dy are dense in the kernels' order (see Layout), cdim is x's channel axis. nullopt leaves the case
-  // to the kernels above.
-  std::optional<ForwardResult> (*library_forward)(const at::Tensor& x, int64_t cdim, const at::Tensor& scale,
-                                                  const at::Tensor& offset, const at::Tensor& mean,
-                                                  const at::Tensor& variance, double epsilon,
-                                                  double exponential_avg_factor, bool is_training) = nullptr;
-  std::optional<GradResult> (*library_backward)(const at::Tensor& dy, const at::Tensor& x, int64_t cdim,
-                                                const at::Tensor& scale, const at::Tensor& reserve_space_1,
-                                                const at::Tensor& reserve_space_2,
-                                                const at::Tensor& reserve_space_3, double epsilon,
-                                                bool is_training) = nullptr;
+  // The route counted when these kernels ran (nullptr: their CPU capability routes count themselves).
+  const routes::Route* kernels_route = nullptr;
+  // Whole-op routes through a vendor library (CUDA: cuDNN), tried in order after validation when x has data and
+  // the route is enabled; nullopt leaves the case to the next route and finally to the kernels above.
+  struct LibraryRoute {
+    const routes::Route* route = nullptr;
+    // x and dy are dense in the kernels' order (see Layout), cdim is x's channel axis.
+    std::optional<ForwardResult> (*forward)(const at::Tensor& x, int64_t cdim, const at::Tensor& scale,
+                                            const at::Tensor& offset, const at::Tensor& mean,
+                                            const at::Tensor& variance, double epsilon,
+                                            double exponential_avg_factor, bool is_training) = nullptr;
+    std::optional<GradResult> (*backward)(const at::Tensor& dy, const at::Tensor& x, int64_t cdim,
+                                          const at::Tensor& scale, const at::Tensor& reserve_space_1,
+                                          const at::Tensor& reserve_space_2, const at::Tensor& reserve_space_3,
+                                          double epsilon, bool is_training) = nullptr;
+  };
+  LibraryRoute library[2] = {};
 };
 
 ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& offset,
@@ -62,6 +69,13 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
                     const at::Tensor& reserve_space_1, const at::Tensor& reserve_space_2,
                     const at::Tensor& reserve_space_3, double epsilon, c10::string_view data_format,
                     bool is_training, const Kernels& kernels);
+
+// The family's routes (fused_batch_norm/routes.cpp).
+namespace route {
+extern routes::Route cpu_avx2, cpu_default;
+extern routes::Route cuda_cudnn, cuda_cudnn_inference, cuda_kernels;
+extern routes::Route cuda_vectorized, cuda_plain;
+}  // namespace route
 
 // Index of the channel axis for a data_format ("NHWC" -> last, "NCHW" -> 1); validates the string
 // and that x's rank matches it.

@@ -176,11 +176,16 @@ ForwardResult forward(const at::Tensor& x, const at::Tensor& scale, const at::Te
   const auto uopts = x.options().dtype(u);
   Prepared p = prepare(x, cdim);
   const bool has_data = p.layout.n() > 0 && channels > 0;
-  if (has_data && kernels.library_forward) {
-    if (auto r = kernels.library_forward(p.x, cdim, scale, offset, mean, variance, epsilon, exponential_avg_factor,
-                                         is_training)) {
-      return std::move(*r);
+  if (has_data) {
+    for (const auto& lib : kernels.library) {
+      if (lib.forward == nullptr || !lib.route->enabled()) continue;
+      if (auto r = lib.forward(p.x, cdim, scale, offset, mean, variance, epsilon, exponential_avg_factor,
+                               is_training)) {
+        lib.route->ran();
+        return std::move(*r);
+      }
     }
+    if (kernels.kernels_route) kernels.kernels_route->ran();
   }
   at::Tensor reserve_3 = stats_empty(0, uopts);
 
@@ -262,11 +267,16 @@ GradResult backward(const at::Tensor& y_backprop, const at::Tensor& x, const at:
   Prepared p = prepare(x, cdim);
   const bool has_data = p.layout.n() > 0 && channels > 0;
   const at::Tensor dy = has_data ? like_layout(y_backprop, p) : y_backprop;
-  if (has_data && kernels.library_backward) {
-    if (auto r = kernels.library_backward(dy, p.x, cdim, scale, reserve_space_1, reserve_space_2, reserve_space_3,
-                                          epsilon, is_training)) {
-      return std::move(*r);
+  if (has_data) {
+    for (const auto& lib : kernels.library) {
+      if (lib.backward == nullptr || !lib.route->enabled()) continue;
+      if (auto r = lib.backward(dy, p.x, cdim, scale, reserve_space_1, reserve_space_2, reserve_space_3, epsilon,
+                                is_training)) {
+        lib.route->ran();
+        return std::move(*r);
+      }
     }
+    if (kernels.kernels_route) kernels.kernels_route->ran();
   }
   at::Tensor dscale = stats_empty(channels, uopts).zero_();
   at::Tensor doffset = stats_empty(channels, uopts).zero_();

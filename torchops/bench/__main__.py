@@ -5,6 +5,9 @@ prints medians and the ratio torchops/native (below 1 = torchops faster). One mo
 `python -m torchops.bench --markdown FILE.json [...]` prints a saved run as Markdown tables (docs/benchmarks.md),
 one summary table per family; `python -m torchops.bench --plot FILE.json OUT.png` draws its ratios (matplotlib).
 The columns below stay in the JSON file and the printed tables.
+`--route ROUTE` (a route id of `python -m torchops.info`) runs the chosen families twice in the process, with the
+default routes and with ROUTE preferred (torchops.backends.prefer), and prints per case `route/default`, the
+torchops side's time with the route over its time with the defaults.
 
 Columns:
   torchops_ms, native_ms   median time per call of each side (us columns likewise, in microseconds)
@@ -70,6 +73,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeat", type=int, default=1,
                    help="run the whole comparison N times, each in a fresh process, then print the median and the "
                         "worst ratio per case")
+    p.add_argument("--route", default=None, help="also time the torchops side with this route preferred and print "
+                   "its time over the default routes' (route/default) per case")
     p.add_argument("--markdown", nargs="+", metavar="FILE.json", default=None,
                    help="print these saved --json results as Markdown tables and exit (runs nothing)")
     p.add_argument("--plot", nargs=2, metavar=("FILE.json", "OUT.png"), default=None,
@@ -88,6 +93,8 @@ def main(argv=None) -> int:
     if not chosen:
         print(f"no benchmark family matches --filter {args.filter!r}; families: {', '.join(FAMILIES)}", file=sys.stderr)
         return 2
+    if args.route:
+        torchops.backends.prefer(args.route)  # (an unknown route fails here, listing the known ones)
     if args.repeat > 1:
         return _repeat(args)
     print(f"torch {torch.__version__}, device {args.device}, threads {torch.get_num_threads()}")
@@ -95,7 +102,7 @@ def main(argv=None) -> int:
     info = {"torch": torch.__version__, "device": args.device}
     if torch.device(args.device).type != "cuda":
         for key, module in chosen.items():
-            results[key] = module.run(args)
+            results[key] = _run_family(module, args)
     else:
         info["device_name"] = torch.cuda.get_device_name(torch.device(args.device))
         info["cudnn"] = torch.backends.cudnn.version()
@@ -106,7 +113,7 @@ def main(argv=None) -> int:
                   f"{torch.backends.cuda.matmul.allow_tf32}, torch.backends.cudnn.allow_tf32="
                   f"{torch.backends.cudnn.allow_tf32} (both sides)", flush=True)
             for key, module in chosen.items():
-                rows = module.run(args)
+                rows = _run_family(module, args)
                 for row in rows:
                     if isinstance(row, dict) and "case" in row:
                         row["case"] = f"{precision} {row['case']}"
@@ -117,6 +124,27 @@ def main(argv=None) -> int:
             json.dump({**info, **markdown.run_metadata(args.device), "command": _command(args), "results": results},
                       f, indent=1)
     return 0
+
+
+def _run_family(module, args):
+    """module.run(args); with --route, also with that route preferred, and `route/default` per case."""
+    rows = module.run(args)
+    if not args.route:
+        return rows
+    print(f"\n== with route {args.route} preferred", flush=True)
+    with torchops.backends.prefer(args.route):
+        routed = module.run(args)
+    default_ms = {r["case"]: r.get("torchops_ms") for r in rows if isinstance(r, dict) and "case" in r}
+    for r in routed:
+        base = default_ms.get(r.get("case")) if isinstance(r, dict) else None
+        if base and r.get("torchops_ms"):
+            r["route"], r["default_ms"], r["route/default"] = args.route, base, r["torchops_ms"] / base
+    width = max([len(str(r.get("case", ""))) for r in routed] + [4])
+    print(f"{'case'.ljust(width)}  default_ms  route_ms  route/default")
+    for r in routed:
+        if isinstance(r, dict) and "route/default" in r:
+            print(f"{r['case'].ljust(width)}  {r['default_ms']:<10.4f}  {r['torchops_ms']:<8.4f}  {r['route/default']:.3f}")
+    return routed
 
 
 def _set_tf32(on: bool) -> None:
@@ -132,7 +160,8 @@ REPEATED = {"ratio": "ratio", "ratio_med": "ratio_med", "torchops/clone": "torch
             "ops_clone/clone": "ops_clone/clone", "speedup": "speedup", "of_ceiling": "of_ceiling",
             "of_compute_now": "of_compute_now", "of_batcher_ceiling": "of_batcher_ceiling",
             "of_pipeline_ceiling": "of_pipeline_ceiling", "pipeline_speedup": "pipeline_speedup",
-            "batcher_us_per_req": "batcher_us_per_req", "cpu_us_per_req": "cpu_us_per_req"}
+            "batcher_us_per_req": "batcher_us_per_req", "cpu_us_per_req": "cpu_us_per_req",
+            "route/default": "route/default"}
 # Values where more is better (throughput ratios): their worst run is the smallest.
 HIGHER_IS_BETTER = {"speedup", "of_ceiling", "of_compute_now", "of_batcher_ceiling", "of_pipeline_ceiling",
                     "pipeline_speedup"}
@@ -143,6 +172,7 @@ def _command(args) -> str:
     parts = ["python -m torchops.bench"] + ([f"--filter {args.filter}"] if args.filter else [])
     parts += [f"--device {args.device}"] + (["--quick"] if args.quick else [])
     parts += [f"--case '{args.case}'"] if args.case else []
+    parts += [f"--route {args.route}"] if args.route else []
     return " ".join(parts + ([f"--repeat {args.repeat}"] if args.repeat > 1 else []))
 
 
@@ -154,6 +184,7 @@ def _repeat(args) -> int:
             out = os.path.join(tmp, f"run{run}.json")
             cmd = [sys.executable, "-m", "torchops.bench", "--filter", args.filter, "--device", args.device,
                    "--json", out, "--precision", args.precision, "--case", args.case] + (["--quick"] if args.quick else [])
+            cmd += ["--route", args.route] if args.route else []
             print(f"\n#### run {run + 1}/{args.repeat} (fresh process)", flush=True)
             rc = subprocess.run(cmd).returncode
             if rc != 0:

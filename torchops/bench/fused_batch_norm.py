@@ -13,14 +13,13 @@ spread of that ratio over runs is the benchmark's own noise for two identical op
 
 On CUDA every row also times what a user's `torch.nn.functional.batch_norm` runs (cuDNN: `cudnn_batch_norm`,
 its backward `cudnn_batch_norm_backward`), `x.clone()` (`clone_GB/s`), and torchops with each route forced
-(`ours_own`: TORCHOPS_CUDNN_BN=0, own kernels; `ours_cudnn`: TORCHOPS_CUDNN_BN=1 and, for inference,
-TORCHOPS_BN_CUDA_INFERENCE=cudnn; the variables are set around each call). `torchops/best` is torchops over the
-faster of ATen's native kernel and cuDNN.
+(`ours_own`: the cuDNN routes off, torchops' kernels; `ours_cudnn`: the cuDNN training and inference routes on; set
+with torchops.backends.flags around each call). `torchops/best` is torchops over the faster of ATen's native kernel
+and cuDNN.
 """
-import contextlib
-import os
-
 import torch
+
+import torchops
 
 from ._timing import RATIO_COLUMNS, compare, faults_per_call, print_table
 
@@ -62,29 +61,15 @@ def _cases(device, dtype):
             yield shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes, x.clone, others
 
 
-@contextlib.contextmanager
-def _env(**values):
-    old = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def _routed(fn, **values):
+def _routed(fn, settings):
     def call():
-        with _env(**values):
+        with torchops.backends.flags(settings):
             return fn()
     return call
 
 
-_OWN = {"TORCHOPS_CUDNN_BN": "0"}
-_CUDNN = {"TORCHOPS_CUDNN_BN": "1", "TORCHOPS_BN_CUDA_INFERENCE": "cudnn"}
+_OWN = {"fused_batch_norm.cuda.cudnn": False, "fused_batch_norm.cuda.cudnn_inference": False}
+_CUDNN = {"fused_batch_norm.cuda.cudnn": True, "fused_batch_norm.cuda.cudnn_inference": True}
 
 
 def _cuda_cases(device, dtype):
@@ -110,21 +95,21 @@ def _cuda_cases(device, dtype):
                 x, dy, w, None, None, c_mean, c_invstd, eps, c_reserve)
             # Each route's backward consumes its own forward's reserve spaces.
             rs = ours_train()[3:]
-            with _env(**_OWN):
+            with torchops.backends.flags(_OWN):
                 rs_own = ours_train()[3:]
-            with _env(**_CUDNN):
+            with torchops.backends.flags(_CUDNN):
                 rs_cudnn = ours_train()[3:]
             bwd = lambda rs: lambda: grad(dy, x, w, rs[0], rs[1], rs[2], eps, "NCHW", True)  # noqa: E731
             nbytes = x.numel() * x.element_size()
             yield (shape, layout, "train fwd", ours_train, nat_train, 2 * nbytes, x.clone,
-                   {"cudnn": cudnn_train, "ours_own": _routed(ours_train, **_OWN),
-                    "ours_cudnn": _routed(ours_train, **_CUDNN)})
+                   {"cudnn": cudnn_train, "ours_own": _routed(ours_train, _OWN),
+                    "ours_cudnn": _routed(ours_train, _CUDNN)})
             yield (shape, layout, "backward", bwd(rs), nat_bwd, 3 * nbytes, x.clone,
-                   {"cudnn": cudnn_bwd, "ours_own": _routed(bwd(rs_own), **_OWN),
-                    "ours_cudnn": _routed(bwd(rs_cudnn), **_CUDNN)})
+                   {"cudnn": cudnn_bwd, "ours_own": _routed(bwd(rs_own), _OWN),
+                    "ours_cudnn": _routed(bwd(rs_cudnn), _CUDNN)})
             yield (shape, layout, "infer fwd", ours_inf, nat_inf, 2 * nbytes, x.clone,
-                   {"cudnn": cudnn_inf, "ours_own": _routed(ours_inf, **_OWN),
-                    "ours_cudnn": _routed(ours_inf, **_CUDNN)})
+                   {"cudnn": cudnn_inf, "ours_own": _routed(ours_inf, _OWN),
+                    "ours_cudnn": _routed(ours_inf, _CUDNN)})
 
 
 def _run_cuda(args, device):
