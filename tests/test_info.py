@@ -94,6 +94,10 @@ def test_route_table_and_capability_come_from_the_backends_when_present(monkeypa
                                          "True", "float32,float64"]
     assert lines[header + 2].split() == ["block_rnn", "gemm", "cpu", "packed", "avx512", "False", "False", "-"]
     assert "CPU kernels:   avx2 (from torchops.backends.cpu)" in text
+    # a backends module that formats its own table: info prints that one
+    backends.format_routes = lambda rows: "\n".join(f"route {r['name']} {r['enabled']}" for r in rows)
+    text = info.format_text(info.collect())
+    assert "routes:\n  route channels_last True\n  route packed False\n" in text
 
 
 def test_without_backends_there_is_no_route_table(monkeypatch):

@@ -81,7 +81,8 @@ def test_wheel_beside_another_torch_is_refused_by_pip_and_by_the_loader(wheel, t
     (other / "torch-2.11.0.dist-info" / "RECORD").write_text("")
     py = make_venv(tmp_path / "venv", [str(other), shared_packages(tmp_path / "shared", skip=("torch",))])
     env = clean_env()
-    out = subprocess.run([py, "-m", "pip", "install", "--no-index", "-q", wheel], capture_output=True, text=True,
+    # (not -q: pip names the conflicting requirement only in its full report)
+    out = subprocess.run([py, "-m", "pip", "install", "--no-index", wheel], capture_output=True, text=True,
                          env=env, cwd=str(tmp_path), timeout=600)
     assert out.returncode != 0
     assert f"torch=={TORCH_PUBLIC}" in out.stdout + out.stderr

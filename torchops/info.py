@@ -70,6 +70,16 @@ def _routes() -> Optional[List[dict]]:
         return None
 
 
+def _format_routes(routes: List[dict]) -> List[str]:
+    """The route table as torchops.backends prints it, else as a plain table of the routes' keys."""
+    try:
+        from torchops import backends
+
+        return ["  " + line for line in backends.format_routes(routes).splitlines()]
+    except (ImportError, AttributeError):
+        return _route_table(routes)
+
+
 def _parse_archs(arch_list: Optional[str]) -> List[Tuple[int, int, bool]]:
     """TORCH_CUDA_ARCH_LIST ("8.0;9.0+PTX", "8.6 9.0a") as (major, minor, ptx) triples."""
     archs = []
@@ -144,7 +154,8 @@ def collect() -> Dict[str, object]:
 
 
 def _route_table(routes: List[dict]) -> List[str]:
-    columns = ["family", "slot", "device", "name", "isa", "verified", "enabled", "covers"]
+    columns = (["id"] if any("id" in r for r in routes) else []) + ["family", "slot", "device", "name", "isa",
+                                                                     "verified", "enabled", "covers"]
     cells = [[_cell(r.get(c)) for c in columns] for r in routes]
     widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
     lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip()]
@@ -187,7 +198,7 @@ def format_text(info: Dict[str, object]) -> str:
         lines.append(f"GPU {g['index']}:         {g['name']}, compute capability {g['capability']}, "
                      f"{g['memory_gib']} GiB; {runs}")
     if info["routes"] is not None:
-        lines += ["routes:"] + (_route_table(info["routes"]) if info["routes"] else ["  (none)"])
+        lines += ["routes:"] + (_format_routes(info["routes"]) if info["routes"] else ["  (none)"])
     return "\n".join(lines) + "\n"
 
 
