@@ -232,7 +232,10 @@ class BuildTorchops(BuildExtension.with_options(no_python_abi_suffix=True)):
             # (include folders resolved: a virtual environment that links to torch's site-packages is the same torch)
             settings += [ext.name, ext.sources, [os.path.realpath(d) for d in ext.include_dirs],
                          ext.extra_compile_args, ext.extra_link_args, ext.define_macros, ext.libraries]
-        h.update(repr(settings).replace(ROOT, "<root>").encode())
+        # Packages' folders by their site-packages (a venv inside the checkout, as scripts/setup_env.sh makes, would
+        # otherwise read as a checkout path), then the checkout's own paths.
+        site = os.path.dirname(os.path.dirname(os.path.realpath(torch.__file__)))
+        h.update(repr(settings).replace(site, "<site>").replace(ROOT, "<root>").encode())
         return h.hexdigest()
 
     def _key_path(self, ext):
