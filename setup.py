@@ -128,6 +128,37 @@ COMPILER = _tool_version(os.environ.get("CXX", "c++"))
 NVCC_VERSION = _tool_version(os.path.join(os.environ["CUDA_HOME"], "bin", "nvcc")) if WITH_CUDA else ""
 
 
+# The CPU loops built once per CPU capability, as ATen's native/cpu kernels (csrc/cpu/cpu_isa.h): each
+# capability's compiler flags and level, and the capabilities each source is built for. On x86-64 with a
+# GCC-style compiler every capability is built and picked at run time; elsewhere the Default build only.
+CPU_CAPABILITIES = {
+    "default": (0, []),
+    "avx2": (1, ["-mavx2", "-mfma"]),
+    "avx512": (2, ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mavx2", "-mfma"]),
+}
+CPU_CAPABILITY_SOURCES = {
+    "csrc/cpu/block_rnn_kernel_isa.cpp": ("default", "avx2", "avx512"),
+    "csrc/cpu/cudnn_rnn_kernel_isa.cpp": ("default", "avx2", "avx512"),
+    "csrc/cpu/fused_batch_norm_kernel_isa.cpp": ("default", "avx2"),  # 32-byte vectors: AVX-512 runs the AVX2 build
+    "csrc/cpu/packed_gemm_kernel_isa.cpp": ("avx2", "avx512"),  # callers fall back to MKL or ATen below AVX2
+}
+CPU_DISPATCH = platform.machine() in ("x86_64", "AMD64") and sys.platform != "win32"
+
+
+def cpu_capability_builds():
+    """(capability, level, flags, sources) of each capability build, lowest first."""
+    listed = set(glob.glob("csrc/cpu/*_isa.cpp"))
+    if listed != set(CPU_CAPABILITY_SOURCES):
+        sys.exit(f"setup.py: CPU_CAPABILITY_SOURCES lists {sorted(CPU_CAPABILITY_SOURCES)} but csrc/cpu holds "
+                 f"{sorted(listed)}")
+    builds = []
+    for cap, (level, flags) in CPU_CAPABILITIES.items():
+        sources = [src for src, caps in CPU_CAPABILITY_SOURCES.items() if cap in caps]
+        if sources and (CPU_DISPATCH or cap == "default"):
+            builds.append((cap, level, flags, sources))
+    return builds
+
+
 def write_build_info(package_dir):
     """Record what the library is built against, next to it; the loader compares it with the running torch and
     `python -m torchops.info` prints it."""
@@ -136,7 +167,7 @@ def write_build_info(package_dir):
     info = {"TORCH_VERSION": torch.__version__, "WITH_CUDA": WITH_CUDA, "CUDA_REASON": CUDA_REASON,
             "CUDA_ARCH_LIST": os.environ.get("TORCH_CUDA_ARCH_LIST") if WITH_CUDA else None,
             "CUDA_VERSION": torch.version.cuda if WITH_CUDA else None, "NVCC": NVCC_VERSION or None,
-            "COMPILER": COMPILER or None}
+            "COMPILER": COMPILER or None, "CPU_CAPABILITY_BUILDS": [b[0] for b in cpu_capability_builds()]}
     os.makedirs(package_dir, exist_ok=True)
     with open(os.path.join(package_dir, "_build_info.py"), "w") as f:
         f.write("# Written by setup.py at build time.\n")
@@ -146,8 +177,10 @@ def write_build_info(package_dir):
 def extension():
     debug = os.environ.get("DEBUG", "0") == "1"
     # csrc/*.cpp and every folder's .cpp (family folders, cpu/, autograd/); csrc/cuda/ only in CUDA builds.
+    # (csrc/cpu/*_isa.cpp: compiled once per CPU capability by BuildTorchops, see CPU_CAPABILITY_SOURCES)
     sources = sorted(glob.glob("csrc/*.cpp")
-                     + [p for p in glob.glob("csrc/*/*.cpp") if os.path.dirname(p) != os.path.join("csrc", "cuda")])
+                     + [p for p in glob.glob("csrc/*/*.cpp") if os.path.dirname(p) != os.path.join("csrc", "cuda")
+                        and not p.endswith("_isa.cpp")])
     opt = ["-O0", "-g"] if debug else ["-O3"]
     cxx = opt + ["-fvisibility=hidden", "-Wno-unused-parameter", "-Wno-psabi"]
     link = []
@@ -156,6 +189,8 @@ def extension():
         # crossed a line and ran 1.23x (median of 5 processes) the same loop in a separate extension; aligned
         # 1.06x.
         cxx.append("-falign-loops=64")
+    if CPU_DISPATCH:
+        cxx.append("-DTORCHOPS_CPU_DISPATCH=1")
     if sys.platform.startswith("linux"):
         # at::parallel_for is an OpenMP pragma in ATen's headers (AT_PARALLEL_OPENMP): without -fopenmp the
         # kernels run on one thread. libgomp.so.1 resolves to the copy torch has already loaded.
@@ -267,8 +302,26 @@ class BuildTorchops(BuildExtension.with_options(no_python_abi_suffix=True)):
                     f.write(key + "\n")
 
     def build_extension(self, ext):
+        # Linked after the other objects, lowest capability first: an inline function of a shared header that a
+        # wider build emits too is then taken from a build every CPU runs (the linker keeps the first copy).
+        ext.extra_objects = list(ext.extra_objects or []) + self.compile_cpu_capabilities(ext)
         super().build_extension(ext)
         check_shared_libstdcxx(self.get_ext_fullpath(ext.name))
+
+
+    def compile_cpu_capabilities(self, ext):
+        """Objects of the CPU capability builds: each capability's sources compiled with its flags, in a folder of
+        its own (an incremental ninja build of its own, as the extension's)."""
+        objects = []
+        args = ext.extra_compile_args
+        for cap, level, flags, sources in cpu_capability_builds():
+            cxx = (args["cxx"] if isinstance(args, dict) else list(args)) + flags + [
+                f"-DTORCHOPS_CPU_CAPABILITY={level}"]
+            objects += self.compiler.compile(sources, output_dir=os.path.join(self.build_temp, "cpu_" + cap),
+                                             macros=ext.define_macros, include_dirs=ext.include_dirs,
+                                             debug=self.debug, extra_postargs=dict(args, cxx=cxx)
+                                             if isinstance(args, dict) else cxx, depends=ext.depends)
+        return objects
 
 
 def _read(path):

@@ -8,8 +8,8 @@
 //                             its device-independent registrations (CompositeExplicitAutograd, Autograd)
 //   <family>/ops.cpp          validation, output allocation and the device-independent algorithm
 //   <family>/<unit>.cpp       further units (batching's resources and registry, accumulator's core and registry)
-//   cpu/<family>_kernel.cpp   CPU kernels and the CPU Kernels table; cpu/<family>_kernel_isa.h holds the loops
-//                             compiled once per instruction set (cpu/cpu_isa.h, cpu/cpu_isa_sections.h);
+//   cpu/<family>_kernel.cpp   CPU kernels and the CPU Kernels table; cpu/<family>_kernel_isa.cpp holds the loops,
+//                             compiled once per CPU capability by setup.py (cpu/cpu_isa.h);
 //                             cpu/<family>_onednn.cpp a oneDNN route (a Kernels table's library route)
 //   <family>/routes.cpp       the family's route table (common/routes.h): which implementation runs
 //   cuda/<family>_kernel.cu   CUDA kernels; cuda/*.cpp host code (cuDNN through ATen); CUDA builds only

@@ -38,7 +38,16 @@ one() {
   local f=$1 out rc
   case "$f" in
     *.cu) out=$("$NVCC" -c "$f" -o /dev/null $FLAGS --expt-relaxed-constexpr -O1 -gencode arch=compute_90,code=sm_90 2>&1) ;;
-    *) out=$(g++ -fsyntax-only -fopenmp -Wall -Wno-unused-parameter -Wno-psabi $FLAGS "$f" 2>&1) ;;
+    *_isa.cpp)  # one build per CPU capability, with setup.py's flags (a file that starts at AVX2 says so)
+      out="" rc=0
+      for level in 0 1 2; do
+        if [ $level -eq 0 ] && grep -q "TORCHOPS_CPU_CAPABILITY < 1" "$f"; then continue; fi
+        isa=""; [ $level -ge 1 ] && isa="-mavx2 -mfma"; [ $level -eq 2 ] && isa="$isa -mavx512f -mavx512vl -mavx512bw -mavx512dq"
+        out+=$(g++ -fsyntax-only -fopenmp -Wall -Wno-unused-parameter -Wno-psabi $FLAGS -DTORCHOPS_CPU_DISPATCH=1 \
+          -DTORCHOPS_CPU_CAPABILITY=$level $isa "$f" 2>&1) || rc=1
+      done
+      [ $rc -eq 0 ] ;;
+    *) out=$(g++ -fsyntax-only -fopenmp -Wall -Wno-unused-parameter -Wno-psabi $FLAGS -DTORCHOPS_CPU_DISPATCH=1 "$f" 2>&1) ;;
   esac
   rc=$?
   if [ $rc -eq 0 ]; then echo "ok   $f"; else echo "FAIL $f"; echo "$out" | grep -E "error" | head -20; fi

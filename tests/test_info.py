@@ -68,6 +68,7 @@ def test_text_report_from_the_command_line():
     else:
         assert f"CUDA kernels:  not compiled ({_build_info.CUDA_REASON})" in text
     assert "CPU kernels:   " in text
+    assert "builds: " + " ".join(_build_info.CPU_CAPABILITY_BUILDS) in text
     assert ("GPU:           none visible" in text) is not torch.cuda.is_available()
 
 

@@ -3,6 +3,7 @@ environment variables, the CPU capability override, and parity of every CPU rout
 plain PyTorch references (each test asserts that its route ran)."""
 import os
 import pathlib
+import platform
 import re
 import subprocess
 import sys
@@ -190,6 +191,17 @@ def test_cpu_capability_default_is_the_best():
     out = run_python("import torchops.backends.cpu as c; print(c.get_cpu_capability(), c.supported_cpu_capabilities())")
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[0] == CPU_CAPABILITIES[-1]
+
+
+def test_the_library_holds_a_build_of_the_loops_for_every_capability():
+    """setup.py compiles csrc/cpu/*_isa.cpp once per CPU capability, with that capability's flags."""
+    from torchops import _build_info
+
+    builds = _build_info.CPU_CAPABILITY_BUILDS
+    assert builds[0] == "default"
+    assert set(CPU_CAPABILITIES) <= set(builds), (CPU_CAPABILITIES, builds)
+    if platform.machine() == "x86_64":
+        assert builds == ["default", "avx2", "avx512"]
 
 
 def test_cpu_capability_environment_and_errors():

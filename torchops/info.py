@@ -144,7 +144,8 @@ def collect() -> Dict[str, object]:
         "python": {"version": platform.python_version(), "platform": platform.platform()},
         "build": {"cuda_kernels": with_cuda, "cuda_reason": built("CUDA_REASON"),
                   "cuda_archs": built("CUDA_ARCH_LIST") if with_cuda else None,
-                  "cuda_version": built("CUDA_VERSION"), "nvcc": built("NVCC"), "compiler": built("COMPILER")},
+                  "cuda_version": built("CUDA_VERSION"), "nvcc": built("NVCC"), "compiler": built("COMPILER"),
+                  "cpu_capability_builds": built("CPU_CAPABILITY_BUILDS")},
         "cpu": {"model": model or platform.processor() or platform.machine(), "logical_cores": os.cpu_count(),
                 "torch_threads": torch.get_num_threads(), "capability": capability,
                 "capability_source": capability_source},
@@ -188,7 +189,8 @@ def format_text(info: Dict[str, object]) -> str:
         f"CUDA kernels:  {cuda}",
         f"compiler:      {b['compiler'] or 'unknown'}" + (f"; nvcc {b['nvcc']}" if b["nvcc"] else ""),
         f"CPU:           {c['model']}, {c['logical_cores']} logical cores, torch threads {c['torch_threads']}",
-        f"CPU kernels:   {c['capability']} (from {c['capability_source']})",
+        f"CPU kernels:   {c['capability']} (from {c['capability_source']}); builds: "
+        + (" ".join(b["cpu_capability_builds"]) if b["cpu_capability_builds"] else "unknown"),
     ]
     gpus = info["gpus"]
     if not gpus:

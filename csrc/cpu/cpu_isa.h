@@ -1,28 +1,28 @@
-// Per-instruction-set builds of CPU kernels, one mechanism for every family.
+// Per-capability builds of the CPU loops, as ATen's native/DispatchStub.h does them.
 //
-// A family's hot loops live in cpu/<family>_kernel_isa.h; its kernel file cpu/<family>_kernel.cpp includes
-// them (through cpu_isa_sections.h) inside namespaces `isa_base`, `isa_avx2` (under
-// `#pragma GCC target("avx2,fma")`) and, where wider vectors pay, `isa_avx512`, after every header it needs
-// has been included at the baseline ISA, so only torchops' own functions get wider code and no inline
-// library function is emitted twice. A family's CPU capability routes (common/routes.h) pick the build at
-// run time, within `isa_level()` and the capability in use, so one binary runs on any x86-64 (and elsewhere
-// uses the baseline build only).
+// A family's loops live in cpu/<family>_kernel_isa.cpp, which setup.py compiles once per CPU capability with
+// that capability's compiler flags and -DTORCHOPS_CPU_CAPABILITY=0|1|2 (Default; AVX2 + FMA; AVX-512 F, VL,
+// BW, DQ): every compiler gets the wide builds, and each build's definitions sit in their own namespace
+// (TORCHOPS_CPU_CAPABILITY_NAMESPACE), so no symbol of one build can stand in for another's. Each build
+// defines the family's table of loops for its capability, declared in cpu/<family>_kernel_isa.h as
+// `template <int Capability> const Table& <family>_loops();` with one declared specialization per build;
+// the family's CPU capability routes (common/routes.h) pick the table at run time, within isa_level() and
+// the capability in use. TORCHOPS_CPU_DISPATCH (set by setup.py on x86-64) says the AVX2 and AVX-512
+// builds exist; elsewhere there is the Default build only.
 #pragma once
 
 #include "common/routes.h"
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define TORCHOPS_MULTI_ISA 1
-#else
-#define TORCHOPS_MULTI_ISA 0
+#ifndef TORCHOPS_CPU_DISPATCH
+#define TORCHOPS_CPU_DISPATCH 0
 #endif
 
 namespace torchops {
 namespace cpu {
 
-// 0: baseline, 1: AVX2 + FMA, 2: AVX-512 (F, VL, BW, DQ).
+// 0: Default, 1: AVX2 + FMA, 2: AVX-512 (F, VL, BW, DQ): the best build this CPU runs.
 inline int isa_level() {
-#if TORCHOPS_MULTI_ISA
+#if TORCHOPS_CPU_DISPATCH
   static const int level = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
                                    __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq")
                                ? 2
@@ -35,7 +35,7 @@ inline int isa_level() {
 
 // Whether the CPU is Intel's: MKL runs its tuned kernels only there (elsewhere its generic path).
 inline bool cpu_is_intel() {
-#if TORCHOPS_MULTI_ISA
+#if TORCHOPS_CPU_DISPATCH
   __builtin_cpu_init();  // (may run in a static initializer, before the library's own constructors)
   return __builtin_cpu_is("intel");
 #else
@@ -43,16 +43,41 @@ inline bool cpu_is_intel() {
 #endif
 }
 
+// A function that runs entry `Entry` (a function pointer member of Table) of the table Pick() returns: the
+// entries of a family's backend table (Kernels) that run the build of the capability in use.
+template <typename Table, const Table& (*Pick)(), typename F>
+struct PickedEntry;
+template <typename Table, const Table& (*Pick)(), typename R, typename... A>
+struct PickedEntry<Table, Pick, R (*)(A...)> {
+  template <R (*Table::*Entry)(A...)>
+  static R run(A... a) {
+    return (Pick().*Entry)(a...);
+  }
+};
+
 }  // namespace cpu
 }  // namespace torchops
 
-// The build of `fn` (a function in the isa_* namespaces of cpu_isa_sections.h) picked by a slot's CPU
-// capability routes `slot`: a `const routes::Route* const[3]` of the AVX-512, AVX2 and Default routes.
-#if TORCHOPS_MULTI_ISA
-#define TORCHOPS_ISA_PICK(slot, ...)                                                          \
-  ([&](int i) { return i == 0 ? &isa_avx512::__VA_ARGS__ : i == 1 ? &isa_avx2::__VA_ARGS__ \
-                                                                  : &isa_base::__VA_ARGS__; }( \
+#define TORCHOPS_PICKED(Table, pick, name) \
+  (&::torchops::cpu::PickedEntry<Table, pick, decltype(Table::name)>::template run<&Table::name>)
+
+// The table of loops `table<N>()` (see above) picked by a slot's CPU capability routes `slot`: a
+// `const routes::Route* const[3]` of the AVX-512, AVX2 and Default routes.
+#if TORCHOPS_CPU_DISPATCH
+#define TORCHOPS_ISA_PICK(slot, table)                                                        \
+  ([](int i) -> decltype(table<0>()) { return i == 0 ? table<2>() : i == 1 ? table<1>() : table<0>(); }( \
       ::torchops::routes::pick(slot, 3)))
 #else
-#define TORCHOPS_ISA_PICK(slot, ...) (::torchops::routes::pick(slot, 3), &isa_base::__VA_ARGS__)
+#define TORCHOPS_ISA_PICK(slot, table) (::torchops::routes::pick(slot, 3), table<0>())
+#endif
+
+// In a per-capability build (cpu/*_isa.cpp): the namespace of its definitions.
+#if defined(TORCHOPS_CPU_CAPABILITY)
+#if TORCHOPS_CPU_CAPABILITY == 2
+#define TORCHOPS_CPU_CAPABILITY_NAMESPACE capability_avx512
+#elif TORCHOPS_CPU_CAPABILITY == 1
+#define TORCHOPS_CPU_CAPABILITY_NAMESPACE capability_avx2
+#else
+#define TORCHOPS_CPU_CAPABILITY_NAMESPACE capability_default
+#endif
 #endif

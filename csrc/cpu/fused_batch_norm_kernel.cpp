@@ -1,45 +1,16 @@
-// CPU kernels of FusedBatchNormV3 / FusedBatchNormGradV3, compiled for the baseline ISA and for
-// AVX2+FMA (the loops in fused_batch_norm_kernel_isa.h; see csrc/cpu/cpu_isa.h) and picked at run time by the
-// family's CPU capability routes (fused_batch_norm/routes.cpp).
-//
-// Two loop orders, both reading memory front to back:
-//  * channels-first ([N, C, spatial], inner > 1): one task per channel; the channel's runs are summed,
-//    then normalised while still in cache (one trip to memory for statistics + output).
-//  * channels-last ([rows, C], inner == 1): each thread accumulates per-channel partial sums over a
-//    block of rows (inner loop over contiguous channels), partials are combined, then a row pass.
-// SIMD sums of U are flushed into double totals every few elements (kRowBlock*, kRunChunk).
-#include "common/fused_batch_norm_math.h"
+// CPU kernels of FusedBatchNormV3 / FusedBatchNormGradV3: the loops of the CPU capability in use
+// (cpu/fused_batch_norm_kernel_isa.cpp, picked by the family's capability routes, fused_batch_norm/routes.cpp),
+// the per-channel factors every build shares, and the stand-in of the cuDNN route.
 #include "cpu/cpu_isa.h"
+#include "cpu/fused_batch_norm_kernel_isa.h"
 #include "fused_batch_norm/cudnn_route.h"
 #include "fused_batch_norm/fused_batch_norm.h"
 
-#include <ATen/Dispatch.h>
-#include <ATen/OpMathType.h>
-#include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include <algorithm>
-#include <cstring>
-#include <type_traits>
-#include <utility>
-#include <vector>
 #include <cstdint>
 #if defined(__x86_64__)
 #include <immintrin.h>
-#endif
-
-// Normalisation rounds as TF's CPU kernels (x86 builds without FMA): (x - mean) * alpha, then + offset,
-// two roundings. Only the functions marked with this are compiled without FMA contraction: the
-// statistics and gradient sums keep it (their order differs from TF's anyway, and they are faster with it).
-#if defined(__GNUC__) && !defined(__clang__)
-#define TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((optimize("fp-contract=off")))
-#define TORCHOPS_FBN_NO_FP_CONTRACT_BODY
-#elif defined(__clang__)
-#define TORCHOPS_FBN_NO_FP_CONTRACT
-#define TORCHOPS_FBN_NO_FP_CONTRACT_BODY _Pragma("clang fp contract(off)")
-#else
-#define TORCHOPS_FBN_NO_FP_CONTRACT
-#define TORCHOPS_FBN_NO_FP_CONTRACT_BODY
 #endif
 
 namespace torchops {
@@ -50,8 +21,8 @@ namespace {
 // (TF's x86 builds use AVX), where rsqrt is the CPU's estimate (RSQRTPS) refined by one Newton step, and
 // the last C % 8 channels with 1 / sqrt. With it, inference outputs and inference gradients (x_backprop)
 // equal TF's bit for bit on the same CPU (the estimate is the CPU's: TF's own results can differ between
-// CPU vendors in the last bit in the same way); the error stays <= 2 ulp. double and other architectures:
-// 1 / sqrt. (Not inlined: compiled once, without FMA contraction, whatever the caller's instruction set.)
+// CPU vendors in the last bit in the same way); the error stays <= 2 ulp. (Not inlined: compiled once, here
+// at the baseline instruction set and without FMA contraction, whatever the caller's build.)
 #if defined(__x86_64__)
 // TF's packet rsqrt of a = var + eps, lane by lane: the estimate, one Newton step rounded op by op (these
 // intrinsics are never contracted into FMA), and the estimate kept where the step gives NaN (a = 0 or inf:
@@ -66,12 +37,8 @@ inline __m128 tf_rsqrt_ps(__m128 a) {
 }
 #endif
 
-template <typename U>
-inline U tf_rsqrt(U var, U eps, int64_t c, int64_t C) {
-  (void)c;
-  (void)C;
-  return inv_std(var, eps);
-}
+}  // namespace
+
 template <>
 TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((noinline)) float tf_rsqrt<float>(float var, float eps, int64_t c,
                                                                              int64_t C) {
@@ -82,19 +49,8 @@ TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((noinline)) float tf_rsqrt<float>(floa
   return inv_std(var, eps);
 }
 
-// The normalisation factor rsqrt(var + eps) * scale, as TF computes it (training and inference).
-template <typename U>
-inline U scaling_factor(U var, U eps, U scale, int64_t c, int64_t C) {
-  return tf_rsqrt(var, eps, c, C) * scale;
-}
-
-// out[c] = scaling_factor(var[c], eps, scale[c], c, C) for every channel. float32: the 8-channel packets four
-// channels at a time through tf_rsqrt_ps (one tf_rsqrt call per channel had taken ~1.2 us of each 256-channel
-// inference call).
-template <typename U>
-void scaling_factors(const U* var, U eps, const U* scale, U* out, int64_t C) {
-  for (int64_t c = 0; c < C; ++c) out[c] = scaling_factor(var[c], eps, scale[c], c, C);
-}
+// float32: the 8-channel packets four channels at a time through tf_rsqrt_ps (one tf_rsqrt call per channel
+// had taken ~1.2 us of each 256-channel inference call).
 template <>
 TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((noinline)) void scaling_factors<float>(const float* var, float eps,
                                                                                   const float* scale, float* out,
@@ -109,21 +65,16 @@ TORCHOPS_FBN_NO_FP_CONTRACT __attribute__((noinline)) void scaling_factors<float
   for (; c < C; ++c) out[c] = scaling_factor(var[c], eps, scale[c], c, C);
 }
 
-#define TORCHOPS_ISA_SELF "cpu/fused_batch_norm_kernel_isa.h"
-#define TORCHOPS_ISA_AVX512 0  // 32-byte vectors gain nothing from AVX-512: level 2 uses the AVX2 build
-#include "cpu/cpu_isa_sections.h"
-#undef TORCHOPS_ISA_AVX512
-#undef TORCHOPS_ISA_SELF
+namespace {
 
 const Kernels& cpu_kernels() {
   static const routes::Route* const slot[2] = {&route::cpu_avx2, &route::cpu_default};
-#if TORCHOPS_MULTI_ISA
-  if (routes::pick(slot, 2) == 0) return isa_avx2::kernels();
-  return isa_base::kernels();
+#if TORCHOPS_CPU_DISPATCH
+  if (routes::pick(slot, 2) == 0) return cpu_loops<1>();
 #else
   routes::pick(slot, 2);
-  return isa_base::kernels();
 #endif
+  return cpu_loops<0>();
 }
 
 // The Kernels table: each entry runs the build for this CPU's instruction set.

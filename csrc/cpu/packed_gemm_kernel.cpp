@@ -1,26 +1,12 @@
 #include "cpu/packed_gemm.h"
 
 #include "cpu/cpu_isa.h"
+#include "cpu/packed_gemm_kernel_isa.h"
 
-#include <ATen/Parallel.h>
-
-#include <algorithm>
-#if defined(__x86_64__)
-#include <immintrin.h>
-#endif
-#include <cstring>
+#include <c10/util/Exception.h>
 
 namespace torchops {
 namespace cpu {
-namespace {
-
-#define TORCHOPS_ISA_SELF "cpu/packed_gemm_kernel_isa.h"
-#define TORCHOPS_ISA_AVX512 1
-#include "cpu/cpu_isa_sections.h"
-#undef TORCHOPS_ISA_AVX512
-#undef TORCHOPS_ISA_SELF
-
-}  // namespace
 
 namespace gemm_route {
 
@@ -42,31 +28,39 @@ routes::Route aten{"rnn", "recurrent_gemm", "aten", c10::DeviceType::CPU, routes
 }  // namespace gemm_route
 
 int packed_gemm_variant() {
-#if TORCHOPS_MULTI_ISA
+#if TORCHOPS_CPU_DISPATCH
   if (gemm_route::packed_avx512.enabled()) return 0;
   if (gemm_route::packed_avx2.enabled()) return 1;
 #endif
   return -1;
 }
 
-#if TORCHOPS_MULTI_ISA
-#define TORCHOPS_PGEMM_CALL(fn, ...) (variant == 0 ? isa_avx512::fn(__VA_ARGS__) : isa_avx2::fn(__VA_ARGS__))
-#else
-#define TORCHOPS_PGEMM_CALL(fn, ...) isa_base::fn(__VA_ARGS__)
-#endif
+#if TORCHOPS_CPU_DISPATCH
+namespace {
+const PackedGemmLoops& loops(int variant) { return variant == 0 ? packed_gemm_loops<2>() : packed_gemm_loops<1>(); }
+}  // namespace
 
-int64_t packed_gemm_size(int variant, int64_t k, int64_t n) { return TORCHOPS_PGEMM_CALL(pack_size, k, n); }
+int64_t packed_gemm_size(int variant, int64_t k, int64_t n) { return loops(variant).pack_size(k, n); }
 
 void packed_gemm_pack(int variant, const float* b, int64_t ldb, bool trans, int64_t k, int64_t n, float* dst) {
-  TORCHOPS_PGEMM_CALL(pack, b, ldb, trans, k, n, dst);
+  loops(variant).pack(b, ldb, trans, k, n, dst);
 }
 
 void packed_gemm_compute(int variant, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda, bool trans_a,
                          const float* packed, bool accumulate, float* c, int64_t ldc) {
-  TORCHOPS_PGEMM_CALL(compute, m, n, k, a, lda, trans_a, packed, accumulate, c, ldc);
+  loops(variant).compute(m, n, k, a, lda, trans_a, packed, accumulate, c, ldc);
 }
-
-#undef TORCHOPS_PGEMM_CALL
+#else
+// Never called: packed_gemm_variant() is -1 without the AVX2 and AVX-512 builds.
+int64_t packed_gemm_size(int, int64_t, int64_t) { TORCH_CHECK(false, "torchops: no packed GEMM in this build"); }
+void packed_gemm_pack(int, const float*, int64_t, bool, int64_t, int64_t, float*) {
+  TORCH_CHECK(false, "torchops: no packed GEMM in this build");
+}
+void packed_gemm_compute(int, int64_t, int64_t, int64_t, const float*, int64_t, bool, const float*, bool, float*,
+                         int64_t) {
+  TORCH_CHECK(false, "torchops: no packed GEMM in this build");
+}
+#endif
 
 }  // namespace cpu
 }  // namespace torchops
