@@ -5,7 +5,8 @@
 // BW, DQ): every compiler gets the wide builds, and each build's definitions sit in their own namespace
 // (TORCHOPS_CPU_CAPABILITY_NAMESPACE), so no symbol of one build can stand in for another's. Each build
 // defines the family's table of loops for its capability, declared in cpu/<family>_kernel_isa.h as
-// `template <int Capability> const Table& <family>_loops();` with one declared specialization per build;
+// `template <int Capability> const Table& <name>();` with one declared specialization per build
+// (TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE);
 // the family's CPU capability routes (common/routes.h) pick the table at run time, within isa_level() and
 // the capability in use. TORCHOPS_CPU_DISPATCH (set by setup.py on x86-64) says the AVX2 and AVX-512
 // builds exist; elsewhere there is the Default build only.
@@ -70,6 +71,18 @@ struct PickedEntry<Table, Pick, R (*)(A...)> {
 #else
 #define TORCHOPS_ISA_PICK(slot, table) (::torchops::routes::pick(slot, 3), table<0>())
 #endif
+
+// Declares `template <int Capability> const Table& name();` and its specialization for each build (0, 1, 2);
+// a family's capability builds each define theirs (a family built for fewer capabilities never calls the others).
+#define TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE(Table, name) \
+  template <int Capability>                                 \
+  const Table& name();                                      \
+  template <>                                               \
+  const Table& name<0>();                                   \
+  template <>                                               \
+  const Table& name<1>();                                   \
+  template <>                                               \
+  const Table& name<2>()
 
 // In a per-capability build (cpu/*_isa.cpp): the namespace of its definitions.
 #if defined(TORCHOPS_CPU_CAPABILITY)

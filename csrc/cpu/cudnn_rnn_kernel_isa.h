@@ -2,19 +2,13 @@
 // cpu/cudnn_rnn_kernel_isa.cpp (see cpu/cpu_isa.h).
 #pragma once
 
+#include "cpu/cpu_isa.h"
 #include "cudnn_rnn/step_kernels.h"
 
 namespace torchops {
 namespace crnn {
 
-template <int Capability>
-const StepKernels& cpu_step_kernels();
-template <>
-const StepKernels& cpu_step_kernels<0>();
-template <>
-const StepKernels& cpu_step_kernels<1>();
-template <>
-const StepKernels& cpu_step_kernels<2>();
+TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE(StepKernels, cpu_step_kernels);
 
 }  // namespace crnn
 }  // namespace torchops

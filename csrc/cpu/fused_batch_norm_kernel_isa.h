@@ -3,6 +3,7 @@
 // every build shares, compiled once (cpu/fused_batch_norm_kernel.cpp).
 #pragma once
 
+#include "cpu/cpu_isa.h"
 #include "common/fused_batch_norm_math.h"
 #include "fused_batch_norm/fused_batch_norm.h"
 
@@ -25,12 +26,7 @@
 namespace torchops {
 namespace fbn {
 
-template <int Capability>
-const Kernels& cpu_loops();
-template <>
-const Kernels& cpu_loops<0>();
-template <>
-const Kernels& cpu_loops<1>();
+TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE(Kernels, cpu_loops);
 
 // rsqrt(var + eps) as TF's CPU kernels compute it (float32: cpu/fused_batch_norm_kernel.cpp explains how);
 // double and other architectures: 1 / sqrt.

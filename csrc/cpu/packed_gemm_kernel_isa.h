@@ -2,6 +2,8 @@
 // cpu/packed_gemm_kernel_isa.cpp (AVX2 and AVX-512; see cpu/cpu_isa.h).
 #pragma once
 
+#include "cpu/cpu_isa.h"
+
 #include <cstdint>
 
 namespace torchops {
@@ -14,12 +16,7 @@ struct PackedGemmLoops {
                   bool accumulate, float* c, int64_t ldc);
 };
 
-template <int Capability>
-const PackedGemmLoops& packed_gemm_loops();
-template <>
-const PackedGemmLoops& packed_gemm_loops<1>();
-template <>
-const PackedGemmLoops& packed_gemm_loops<2>();
+TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE(PackedGemmLoops, packed_gemm_loops);
 
 }  // namespace cpu
 }  // namespace torchops
