@@ -571,6 +571,80 @@ def test_cudnn_lstm_bf16_outside_the_route_runs_the_loops(set_routes):
     assert torchops.backends.hits(BF16_ROUTE) == ran
 
 
+# The CPU LSTM block ops in bfloat16: the float32 cell route against the float32 op and the dtype's kernels
+
+CELL_ROUTE, DTYPE_CELL = "block_rnn.cpu.float32_cell", "block_rnn.cpu.dtype_cell"
+
+
+def _block_lstm_leaves(T=7, B=5, I=6, C=8, seed=11):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: (torch.randn(*s, generator=g) * 0.5).requires_grad_()  # noqa: E731
+    return [r(T, B, I), r(B, C), r(B, C), r(I + C, 4 * C), r(C), r(C), r(C), r(4 * C)]
+
+
+def _block_lstm_run(op, leaves, dtype, route, T, **kw):
+    """The op's seven outputs and the gradients of a weighted sum of them (h and cs), in `dtype`, under `route`
+    (None: the defaults)."""
+    g = torch.Generator().manual_seed(12)
+    args = [a.to(dtype) for a in leaves]
+    with forced_route(route) if route else contextlib.nullcontext():
+        outs = op(torch.tensor(T), *args, **kw)
+        w_h, w_cs = torch.randn(outs[6].shape, generator=g), torch.randn(outs[1].shape, generator=g)
+        loss = (outs[6].float() * w_h).sum() + (outs[1].float() * w_cs).sum()
+        grads = torch.autograd.grad(loss, leaves)
+    return outs, grads
+
+
+@pytest.mark.parametrize("version", ["block_lstm", "block_lstm_v2"])
+@pytest.mark.parametrize("peephole", [False, True])
+@pytest.mark.parametrize("seq_len_max", [7, 4])
+def test_block_lstm_float32_cell_route_matches_float32(version, peephole, seq_len_max):
+    leaves = _block_lstm_leaves()
+    op = getattr(ops, version)
+    kw = dict(use_peephole=peephole, cell_clip=1.5)
+    if version == "block_lstm":
+        kw["forget_bias"] = 0.7
+    outs, grads = _block_lstm_run(op, leaves, BF16, CELL_ROUTE, seq_len_max, **kw)
+    ref_outs, ref_grads = _block_lstm_run(op, leaves, F32, None, seq_len_max, **kw)
+    for i, (a, b) in enumerate(zip(outs, ref_outs)):
+        assert a.dtype == BF16
+        _close_bf16(a, b, f"output {i}")
+    for i, (a, b) in enumerate(zip(grads, ref_grads)):
+        assert a.dtype == F32
+        _close_bf16(a, b, f"gradient {i}")
+
+
+def test_block_lstm_float32_cell_is_closer_to_float32_than_the_dtype_cell():
+    # The cell state carried in float32 between steps: over a long sequence its error stays below the one of a
+    # state rounded to bfloat16 at every step.
+    leaves = _block_lstm_leaves(T=60, B=8, I=6, C=16, seed=13)
+    kw = dict(use_peephole=True, cell_clip=0.0, forget_bias=1.0)
+    ref = ops.block_lstm(torch.tensor(60), *leaves, **kw)[1]
+    errs = {}
+    for route in (CELL_ROUTE, DTYPE_CELL):
+        with forced_route(route):
+            cs = ops.block_lstm(torch.tensor(60), *[a.detach().to(BF16) for a in leaves], **kw)[1]
+        errs[route] = (cs.float() - ref).abs().mean().item()
+    assert errs[CELL_ROUTE] < errs[DTYPE_CELL], errs
+
+
+def test_block_lstm_cell_ops_take_the_float32_cell_route():
+    # lstm_block_cell and the TF gradient op (gate gradients given, as TF passes them) on both routes agree
+    g = torch.Generator().manual_seed(14)
+    B, I, C = 4, 5, 6
+    r = lambda *s: (torch.randn(*s, generator=g) * 0.5).to(BF16)  # noqa: E731
+    x, cs, h, w, wci, wcf, wco, b = r(B, I), r(B, C), r(B, C), r(I + C, 4 * C), r(C), r(C), r(C), r(4 * C)
+    res = {}
+    for route in (CELL_ROUTE, DTYPE_CELL):
+        with forced_route(route):
+            fw = ops.lstm_block_cell(x, cs, h, w, wci, wcf, wco, b, use_peephole=True)
+            grads = ops.lstm_block_cell_grad(x, cs, h, w, wci, wcf, wco, b, *fw[:6], torch.ones_like(cs),
+                                             torch.ones_like(h), use_peephole=True)
+        res[route] = list(fw) + list(grads)
+    for i, (a, b_) in enumerate(zip(res[CELL_ROUTE], res[DTYPE_CELL])):
+        _close_bf16(a, b_, f"result {i}")
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Batching and accumulators: documented behaviour under autocast
 # ---------------------------------------------------------------------------------------------------------
