@@ -5,6 +5,7 @@ The RNN ops cast every floating argument to the autocast dtype (ATen's RNN polic
 under autocast). References: the same op called outside autocast on explicitly cast inputs (bit-exact), the
 same model in float32 (low-precision tolerances) and torch.nn's equivalents under the same autocast. CUDA
 variants run when a GPU is present."""
+import contextlib
 import copy
 
 import pytest
@@ -15,7 +16,7 @@ import torchops  # noqa: F401
 from torchops.nn import (BatchNorm2d, BatchNorm3d, BlockGRU, BlockLSTM, CudnnGRU, CudnnLSTM, CudnnRNNRelu,
                          CudnnRNNTanh, GRUBlockCell, LSTMBlockCell)
 
-from conftest import CUDA, DEVICES
+from conftest import CUDA, DEVICES, forced_route
 
 ops = torch.ops.torchops
 BF16, F16, F32, F64 = torch.bfloat16, torch.float16, torch.float32, torch.float64
@@ -455,6 +456,193 @@ def test_opcheck_under_autocast(case):
     with torch.autocast("cpu", dtype=BF16):
         torch.library.opcheck(getattr(ops, name).default, tuple(args), kw,
                               test_utils=("test_schema", "test_faketensor", "test_aot_dispatch_dynamic"))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The routes of the autocast dtype: oneDNN's bfloat16 LSTM for CudnnRNN (what torch.nn.LSTM runs there)
+# ---------------------------------------------------------------------------------------------------------
+
+BF16_ROUTE = "cudnn_rnn.cpu.onednn_bf16"
+needs_onednn_bf16 = pytest.mark.skipif(not (torch.backends.mkldnn.is_available()
+                                            and torch.ops.mkldnn._is_mkldnn_bf16_supported()),
+                                       reason="oneDNN does not run bfloat16 natively on this CPU")
+
+
+def _crnn_leaves(L, D, T=6, B=4, I=5, H=7, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    n = ops.cudnn_rnn_params_size(L, H, I, None, None, "lstm", direction="bidirectional" if D == 2 else
+                                  "unidirectional").item()
+    x = torch.randn(T, B, I, generator=g)
+    h, c = torch.randn(L * D, B, H, generator=g), torch.randn(L * D, B, H, generator=g)
+    p = torch.randn(n, generator=g) * 0.3
+    return [t.requires_grad_() for t in (x, h, c, p)]
+
+
+def _crnn_step(leaves, D, is_training, route, autocast_dtype):
+    """Outputs and (training) gradients of one cudnn_rnn call on float32 leaves, run by `route`."""
+    direction = "bidirectional" if D == 2 else "unidirectional"
+    g = torch.Generator().manual_seed(6)
+    region = torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None else contextlib.nullcontext()
+    with forced_route(route), region:
+        y, hn, cn, _ = torchops.functional.cudnn_rnn(*leaves, direction=direction, is_training=is_training)
+    outs = (y, hn, cn)
+    if not is_training:
+        return outs, None
+    w = [torch.randn(t.shape, generator=g) for t in outs]
+    loss = sum((t.float() * wt).sum() for t, wt in zip(outs, w))
+    with forced_route(route):  # (the backward runs the forward's route too)
+        grads = torch.autograd.grad(loss, leaves)
+    return outs, grads
+
+
+def _close_bf16(a, b, what):
+    # bfloat16 keeps 8 mantissa bits: relative to the tensor's scale
+    scale = max(1.0, b.abs().max().item())
+    torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=3e-2 * scale, msg=what)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("L,D", [(1, 1), (2, 1), (2, 2)])
+@pytest.mark.parametrize("is_training", [False, True])
+def test_cudnn_lstm_onednn_bf16_route_matches_float32(L, D, is_training):
+    leaves = _crnn_leaves(L, D)
+    outs, grads = _crnn_step(leaves, D, is_training, BF16_ROUTE, BF16)
+    assert all(t.dtype == BF16 for t in outs)
+    ref_outs, ref_grads = _crnn_step(leaves, D, is_training, "cudnn_rnn.cpu.loops", None)
+    for i, (a, b) in enumerate(zip(outs, ref_outs)):
+        _close_bf16(a, b, f"output {i}")
+    if is_training:
+        assert all(gr.dtype == F32 for gr in grads)
+        for name, a, b in zip(("x", "h", "c", "params"), grads, ref_grads):
+            _close_bf16(a, b, f"d{name}")
+
+
+@needs_onednn_bf16
+def test_cudnn_lstm_onednn_bf16_route_is_torch_nn_lstm_under_autocast():
+    # The same oneDNN computation as torch.nn.LSTM under CPU autocast: equal up to the summation order.
+    torch.manual_seed(7)
+    ref = nn.LSTM(5, 7)
+    m = CudnnLSTM.from_torch(ref)
+    x = torch.randn(6, 4, 5, requires_grad=True)
+    with forced_route(BF16_ROUTE), torch.autocast("cpu", dtype=BF16):
+        a = m(x)[0]
+        b = ref(x)[0]
+    assert a.dtype == b.dtype == BF16
+    torch.testing.assert_close(a, b, rtol=1e-2, atol=1e-2)
+
+
+@needs_onednn_bf16
+@pytest.mark.parametrize("how", ["route_off", "reserve_copy"])
+def test_cudnn_lstm_onednn_bf16_backward_without_its_state_recomputes_with_the_loops(set_routes, how):
+    # A reserve that lost oneDNN's state (a copy) or a route switched off after the forward: the loops recompute
+    # the forward in float32 and give the same gradients to bfloat16 precision.
+    x, h, c, p = [t.detach().to(BF16) for t in _crnn_leaves(1, 1)]
+    with forced_route(BF16_ROUTE):
+        y, hn, cn, res, host = ops.cudnn_rnn_v2(x, h, c, p, is_training=True)
+    grads = [torch.randn(t.shape).to(BF16) for t in (y, hn, cn)]
+    with forced_route(BF16_ROUTE):
+        want = ops.cudnn_rnn_backprop_v2(x, h, c, p, y, hn, cn, *grads, res, host)
+    if how == "route_off":
+        set_routes({BF16_ROUTE: False})
+    else:
+        res = res.clone()
+    loops = torchops.backends.hits("cudnn_rnn.cpu.loops")
+    got = ops.cudnn_rnn_backprop_v2(x, h, c, p, y, hn, cn, *grads, res, host)
+    assert torchops.backends.hits("cudnn_rnn.cpu.loops") == loops + 1
+    for i, (a, b) in enumerate(zip(got, want)):
+        assert a.dtype == BF16
+        _close_bf16(a, b, f"gradient {i}")
+
+
+@needs_onednn_bf16
+def test_cudnn_lstm_bf16_outside_the_route_runs_the_loops(set_routes):
+    x, h, c, p = [t.detach().to(BF16) for t in _crnn_leaves(1, 1)]
+    with forced_route(BF16_ROUTE):
+        want = ops.cudnn_rnn(x, h, c, p, is_training=False)[0]
+    set_routes({BF16_ROUTE: False})
+    loops, ran = torchops.backends.hits("cudnn_rnn.cpu.loops"), torchops.backends.hits(BF16_ROUTE)
+    got = ops.cudnn_rnn(x, h, c, p, is_training=False)[0]
+    assert torchops.backends.hits("cudnn_rnn.cpu.loops") == loops + 1 and torchops.backends.hits(BF16_ROUTE) == ran
+    _close_bf16(got, want, "output")
+    # sequence_lengths are not the route's case
+    set_routes({BF16_ROUTE: True})
+    lens = torch.tensor([6, 3, 6, 1], dtype=torch.int32)
+    ops.cudnn_rnn_v3(x, h, c, p, lens, is_training=False)
+    assert torchops.backends.hits(BF16_ROUTE) == ran
+
+
+# The CPU LSTM block ops in bfloat16: the float32 cell route against the float32 op and the dtype's kernels
+
+CELL_ROUTE, DTYPE_CELL = "block_rnn.cpu.float32_cell", "block_rnn.cpu.dtype_cell"
+
+
+def _block_lstm_leaves(T=7, B=5, I=6, C=8, seed=11):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: (torch.randn(*s, generator=g) * 0.5).requires_grad_()  # noqa: E731
+    return [r(T, B, I), r(B, C), r(B, C), r(I + C, 4 * C), r(C), r(C), r(C), r(4 * C)]
+
+
+def _block_lstm_run(op, leaves, dtype, route, T, **kw):
+    """The op's seven outputs and the gradients of a weighted sum of them (h and cs), in `dtype`, under `route`
+    (None: the defaults)."""
+    g = torch.Generator().manual_seed(12)
+    args = [a.to(dtype) for a in leaves]
+    with forced_route(route) if route else contextlib.nullcontext():
+        outs = op(torch.tensor(T), *args, **kw)
+        w_h, w_cs = torch.randn(outs[6].shape, generator=g), torch.randn(outs[1].shape, generator=g)
+        loss = (outs[6].float() * w_h).sum() + (outs[1].float() * w_cs).sum()
+        grads = torch.autograd.grad(loss, leaves)
+    return outs, grads
+
+
+@pytest.mark.parametrize("version", ["block_lstm", "block_lstm_v2"])
+@pytest.mark.parametrize("peephole", [False, True])
+@pytest.mark.parametrize("seq_len_max", [7, 4])
+def test_block_lstm_float32_cell_route_matches_float32(version, peephole, seq_len_max):
+    leaves = _block_lstm_leaves()
+    op = getattr(ops, version)
+    kw = dict(use_peephole=peephole, cell_clip=1.5)
+    if version == "block_lstm":
+        kw["forget_bias"] = 0.7
+    outs, grads = _block_lstm_run(op, leaves, BF16, CELL_ROUTE, seq_len_max, **kw)
+    ref_outs, ref_grads = _block_lstm_run(op, leaves, F32, None, seq_len_max, **kw)
+    for i, (a, b) in enumerate(zip(outs, ref_outs)):
+        assert a.dtype == BF16
+        _close_bf16(a, b, f"output {i}")
+    for i, (a, b) in enumerate(zip(grads, ref_grads)):
+        assert a.dtype == F32
+        _close_bf16(a, b, f"gradient {i}")
+
+
+def test_block_lstm_float32_cell_is_closer_to_float32_than_the_dtype_cell():
+    # The cell state carried in float32 between steps: over a long sequence its error stays below the one of a
+    # state rounded to bfloat16 at every step.
+    leaves = _block_lstm_leaves(T=60, B=8, I=6, C=16, seed=13)
+    kw = dict(use_peephole=True, cell_clip=0.0, forget_bias=1.0)
+    ref = ops.block_lstm(torch.tensor(60), *leaves, **kw)[1]
+    errs = {}
+    for route in (CELL_ROUTE, DTYPE_CELL):
+        with forced_route(route):
+            cs = ops.block_lstm(torch.tensor(60), *[a.detach().to(BF16) for a in leaves], **kw)[1]
+        errs[route] = (cs.float() - ref).abs().mean().item()
+    assert errs[CELL_ROUTE] < errs[DTYPE_CELL], errs
+
+
+def test_block_lstm_cell_ops_take_the_float32_cell_route():
+    # lstm_block_cell and the TF gradient op (gate gradients given, as TF passes them) on both routes agree
+    g = torch.Generator().manual_seed(14)
+    B, I, C = 4, 5, 6
+    r = lambda *s: (torch.randn(*s, generator=g) * 0.5).to(BF16)  # noqa: E731
+    x, cs, h, w, wci, wcf, wco, b = r(B, I), r(B, C), r(B, C), r(I + C, 4 * C), r(C), r(C), r(C), r(4 * C)
+    res = {}
+    for route in (CELL_ROUTE, DTYPE_CELL):
+        with forced_route(route):
+            fw = ops.lstm_block_cell(x, cs, h, w, wci, wcf, wco, b, use_peephole=True)
+            grads = ops.lstm_block_cell_grad(x, cs, h, w, wci, wcf, wco, b, *fw[:6], torch.ones_like(cs),
+                                             torch.ones_like(h), use_peephole=True)
+        res[route] = list(fw) + list(grads)
+    for i, (a, b_) in enumerate(zip(res[CELL_ROUTE], res[DTYPE_CELL])):
+        _close_bf16(a, b_, f"result {i}")
 
 
 # ---------------------------------------------------------------------------------------------------------

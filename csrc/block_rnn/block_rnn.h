@@ -70,7 +70,7 @@ struct Kernels : StepKernels {
 // The family's routes (block_rnn/routes.cpp).
 namespace route {
 extern routes::CapabilityRoutes cpu_step_kernels;
-extern routes::Route cuda_persistent, cuda_steps;
+extern routes::Route cuda_persistent, cuda_steps, cpu_float32_cell, cpu_dtype_cell;
 }  // namespace route
 
 // The CUDA whole-sequence recurrences (csrc/cuda/block_rnn_persistent.cu; CUDA builds only).

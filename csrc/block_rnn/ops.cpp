@@ -544,10 +544,74 @@ struct LstmOuts {
   at::Tensor i, cs, f, o, ci, co, h;  // [T,B,C]
 };
 
+LstmOuts alloc_lstm_outs(int64_t T, int64_t B, int64_t C, const at::TensorOptions& opts) {
+  LstmOuts o;
+  o.i = at::empty({T, B, C}, opts);
+  o.cs = at::empty({T, B, C}, opts);
+  o.f = at::empty({T, B, C}, opts);
+  o.o = at::empty({T, B, C}, opts);
+  o.ci = at::empty({T, B, C}, opts);
+  o.co = at::empty({T, B, C}, opts);
+  o.h = at::empty({T, B, C}, opts);
+  return o;
+}
+
+bool is_low(const at::Tensor& t) { return t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16; }
+
+// The CPU forward of float16/bfloat16 (route block_rnn.cpu.float32_cell): the GEMMs in the dtype (ATen's
+// low-precision GEMMs, float32 accumulation), the cell's element-wise math by the float32 kernels (vectorized,
+// where the dtype's convert element by element) with the cell state carried in float32 between steps, each
+// output rounded once; h is rounded before the next step's GEMM reads it, as the dtype path does.
+void lstm_forward_mixed(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
+                        bool ifco, const LstmOuts& out, const Kernels& k) {
+  const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
+  const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
+  const auto o32 = x3.options().dtype(at::kFloat);
+  const at::Tensor pre_all = input_projection(x3, L, w_x, b);
+  const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
+                   co32 = wco.to(at::kFloat);
+  auto buf = [&] { return at::empty({L, B, C}, o32); };
+  // (h goes straight to the output: the next step's GEMM reads it there)
+  const LstmOuts f32{buf(), buf(), buf(), buf(), buf(), buf(), at::Tensor()};
+  for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
+    const int64_t nb = b1 - b0;
+    auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
+    const LstmOuts o{s3(f32.i), s3(f32.cs), s3(f32.f), s3(f32.o), s3(f32.ci), s3(f32.co), at::Tensor()};
+    const at::Tensor pre = s3(pre_all), hs = s3(out.h), c0 = rows_of(cs0, 0, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
+    const at::Tensor g32 = at::empty({nb, 4 * C}, o32), h_t = at::empty({nb, C}, o32);
+    for (int64_t t = 0; t < L; ++t) {
+      at::Tensor g = pre.select(0, t);
+      g.addmm_(t == 0 ? h0 : hs.select(0, t - 1), w_h);
+      g32.copy_(g);
+      k.lstm_forward(g32, t == 0 ? c0 : o.cs.select(0, t - 1), ci32, cf32, co32, forget_bias, cell_clip, use_peephole,
+                     ifco, o.i.select(0, t), o.cs.select(0, t), o.f.select(0, t), o.o.select(0, t), o.ci.select(0, t),
+                     o.co.select(0, t), h_t);
+      hs.select(0, t).copy_(h_t);
+    }
+  });
+  out.i.narrow(0, 0, L).copy_(f32.i);
+  out.cs.narrow(0, 0, L).copy_(f32.cs);
+  out.f.narrow(0, 0, L).copy_(f32.f);
+  out.o.narrow(0, 0, L).copy_(f32.o);
+  out.ci.narrow(0, 0, L).copy_(f32.ci);
+  out.co.narrow(0, 0, L).copy_(f32.co);
+}
+
 void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
                        bool ifco, const LstmOuts& out, bool seq_op, const Kernels& k) {
+  if (x3.is_cpu() && is_low(x3)) {
+    if (route::cpu_float32_cell.enabled()) {
+      route::cpu_float32_cell.ran();
+      lstm_forward_mixed(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
+                         k);
+      return;
+    }
+    route::cpu_dtype_cell.ran();
+  }
   const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
   const at::Tensor w_x = w.narrow(0, 0, I), w_h = w.narrow(0, I, C);
   // As GRU's: on CUDA all steps' projections first, for the whole-sequence kernel or else the loop.
@@ -617,6 +681,55 @@ at::Tensor sum_tb(const at::Tensor& a, const at::Tensor& b) {
   return at::sum(p.reshape({-1, p.size(-1)}), {0}).to(st);
 }
 
+// The time loop of the CPU backward of float16/bfloat16 (route block_rnn.cpu.float32_cell), as the forward: the
+// element-wise math on float32 copies of the activations with the state gradients carried in float32, the gate
+// gradients rounded once into `dgates` for the recurrent GEMM in the dtype; dh_carry and dcs_carry (the dtype's)
+// receive the final state gradients.
+void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h, const at::Tensor& wci,
+                               const at::Tensor& wcf, const at::Tensor& wco, const LstmOuts& fw,
+                               const at::Tensor& cs_grad, const at::Tensor& h_grad, const at::Tensor& g_i,
+                               const at::Tensor& g_f, const at::Tensor& g_o, const at::Tensor& g_ci,
+                               const at::Tensor& g_co, int64_t L, bool use_peephole, bool ifco, bool input_grads,
+                               const at::Tensor& dgates, const at::Tensor& dh_carry, const at::Tensor& dcs_carry,
+                               const Kernels& k) {
+  const int64_t B = cs_prev.size(0), C = cs_prev.size(1);
+  const auto o32 = cs_prev.options().dtype(at::kFloat);
+  auto wide = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, 0, std::min(L, t.size(0))).to(at::kFloat) : t; };
+  const LstmOuts f{wide(fw.i), wide(fw.cs), wide(fw.f), wide(fw.o), wide(fw.ci), wide(fw.co), at::Tensor()};
+  const at::Tensor hg = wide(h_grad), csg = wide(cs_grad), gi = wide(g_i), gf = wide(g_f), go = wide(g_o),
+                   gci = wide(g_ci), gco = wide(g_co);
+  const bool any_gate = gi.defined() || gf.defined() || go.defined() || gci.defined() || gco.defined();
+  const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
+                   co32 = wco.to(at::kFloat);
+  const at::Tensor zero = at::zeros({B, C}, o32), dh32 = at::zeros({B, C}, o32), dcs32 = at::zeros({B, C}, o32);
+  for_batch_slices(cs_prev, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
+    const int64_t nb = b1 - b0;
+    auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
+    const LstmOuts fs{s3(f.i), s3(f.cs), s3(f.f), s3(f.o), s3(f.ci), s3(f.co), at::Tensor()};
+    const at::Tensor zs = rows_of(zero, 0, b0, nb), c0 = rows_of(cs0, 0, b0, nb), dgs = s3(dgates);
+    const at::Tensor hgs = s3(hg), csgs = s3(csg), gis = s3(gi), gfs = s3(gf), gos = s3(go), gcis = s3(gci),
+                     gcos = s3(gco);
+    auto step = [&](const at::Tensor& t3, int64_t t) { return t3.defined() ? t3.select(0, t) : zs; };
+    auto gate = [&](const at::Tensor& t3, int64_t t) { return !any_gate ? at::Tensor() : step(t3, t); };
+    const at::Tensor dh_s = rows_of(dh32, 0, b0, nb), dcs_s = rows_of(dcs32, 0, b0, nb);
+    const at::Tensor dg32 = at::empty({nb, 4 * C}, o32), dh_low = at::empty({nb, C}, dgates.options());
+    for (int64_t t = L - 1; t >= 0; --t) {
+      const at::Tensor dg_t = dgs.select(0, t);
+      k.lstm_backward(fs.i.select(0, t), fs.cs.select(0, t), fs.f.select(0, t), fs.o.select(0, t),
+                      fs.ci.select(0, t), fs.co.select(0, t), t == 0 ? c0 : fs.cs.select(0, t - 1), ci32, cf32, co32,
+                      step(hgs, t), dh_s, step(csgs, t), gate(gis, t), gate(gfs, t), gate(gos, t), gate(gcis, t),
+                      gate(gcos, t), use_peephole, ifco, dg32, dcs_s);
+      dg_t.copy_(dg32);
+      if (input_grads) {
+        at::mm_out(const_cast<at::Tensor&>(dh_low), dg_t, w_h.t());
+        dh_s.copy_(dh_low);
+      }
+    }
+  });
+  dh_carry.copy_(dh32);
+  dcs_carry.copy_(dcs32);
+}
+
 // Backward of L steps (with gradients arriving at the gate outputs too). `dgates` [L,B,4C] is a
 // caller-provided buffer. With input_grads = false only the cell part (LSTMBlockCellGrad) runs.
 void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
@@ -643,9 +756,17 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
                                   LstmSeqBackward{w_h, cs_prev, wci, wcf, wco, fw.i, fw.cs, fw.f, fw.o, fw.ci, fw.co,
                                                   h_grad, cs_grad, g_i, g_f, g_o, g_ci, g_co, use_peephole, ifco, L,
                                                   dgates, dh_carry, out.cs_prev_grad});
+  const bool mixed = !whole && x3.is_cpu() && is_low(x3) && route::cpu_float32_cell.enabled();
+  if (mixed) {
+    route::cpu_float32_cell.ran();
+    lstm_backward_steps_mixed(cs_prev, w_h, wci, wcf, wco, fw, cs_grad, h_grad, g_i, g_f, g_o, g_ci, g_co, L,
+                              use_peephole, ifco, input_grads, dgates, dh_carry, out.cs_prev_grad, k);
+  } else if (x3.is_cpu() && is_low(x3)) {
+    route::cpu_dtype_cell.ran();
+  }
   // As GRU's: a single step runs unsplit.
-  const auto rec_s = shared_step_gemm(w_h, true, input_grads && !whole ? L : 0);
-  if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
+  const auto rec_s = shared_step_gemm(w_h, true, input_grads && !whole && !mixed ? L : 0);
+  if (!whole && !mixed) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
     const LstmOuts f{s3(fw.i), s3(fw.cs), s3(fw.f), s3(fw.o), s3(fw.ci), s3(fw.co), at::Tensor()};
@@ -718,17 +839,6 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   out.b_grad.copy_(sum_rows(dg2d));
 }
 
-LstmOuts alloc_lstm_outs(int64_t T, int64_t B, int64_t C, const at::TensorOptions& opts) {
-  LstmOuts o;
-  o.i = at::empty({T, B, C}, opts);
-  o.cs = at::empty({T, B, C}, opts);
-  o.f = at::empty({T, B, C}, opts);
-  o.o = at::empty({T, B, C}, opts);
-  o.ci = at::empty({T, B, C}, opts);
-  o.co = at::empty({T, B, C}, opts);
-  o.h = at::empty({T, B, C}, opts);
-  return o;
-}
 
 LstmOuts lstm_outs_of(const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
                       const at::Tensor& ci, const at::Tensor& co, const at::Tensor& h) {

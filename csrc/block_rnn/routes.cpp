@@ -22,6 +22,16 @@ Route cuda_persistent{"block_rnn", "sequence", "persistent", DeviceType::CUDA, k
 Route cuda_steps{"block_rnn", "sequence", "steps", DeviceType::CUDA, kNoCapability,
                  "every case (one GEMM and one fused kernel per step)", kH100};
 
+// The cell math of the CPU LSTM ops (block_lstm, block_lstm_v2, lstm_block_cell) in float16 / bfloat16.
+Route cpu_float32_cell{"block_rnn", "low_precision_lstm", "float32_cell", DeviceType::CPU, kNoCapability,
+                       "float16/bfloat16 LSTM ops and their gradients: GEMMs in the dtype, the element-wise math by the "
+                       "float32 kernels with the cell state and the state gradients carried in float32 between "
+                       "steps, outputs rounded once",
+                       routes::kCpuSuite};
+Route cpu_dtype_cell{"block_rnn", "low_precision_lstm", "dtype_cell", DeviceType::CPU, kNoCapability,
+                     "every case (the dtype's kernels: float32 math per element, every value stored in the dtype)",
+                     routes::kCpuSuite};
+
 }  // namespace route
 }  // namespace brnn
 }  // namespace torchops

@@ -1,9 +1,11 @@
-// oneDNN's fused LSTM for CudnnRNN on the CPU: float32 lstm without projection, skip input or sequence
-// lengths (the cases it computes as the time loops do), for inference and for training without dropout
-// between layers: its packed weights and fused cell beat per-step GEMMs. Its route is cudnn_rnn.cpu.onednn.
+// oneDNN's fused LSTM for CudnnRNN on the CPU: lstm without projection, skip input or sequence lengths (the
+// cases it computes as the time loops do), for inference and for training without dropout between layers: its
+// packed weights and fused cell beat per-step GEMMs. float32 is the route cudnn_rnn.cpu.onednn; bfloat16 its dtype
+// variant cudnn_rnn.cpu.onednn_bf16 (oneDNN's bfloat16 LSTM, as torch.nn.LSTM runs under CPU autocast).
 #include "cpu/cudnn_rnn_onednn.h"
 
 #include <ATen/Context.h>
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/cat.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mkldnn_rnn_layer.h>
@@ -23,11 +25,29 @@ namespace {
 
 using at::Tensor;
 
-bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
+// ATen's own test before it runs oneDNN's bfloat16 LSTM (mkldnn_bf16_device_check, not an exported symbol): a
+// CPU where oneDNN would emulate bfloat16 runs the float32 time loops faster.
+bool bf16_native() {
+  static const bool native = [] {
+    const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_is_mkldnn_bf16_supported", ""});
+    return op.has_value() && op->typed<bool()>().call();
+  }();
+  return native;
+}
+
+// The route that serves x's dtype, or nullptr. (The orchestration checks the float32 route before the call.)
+const routes::Route* route_of(const Tensor& x) {
+  if (x.scalar_type() == at::kFloat) return &route::cpu_onednn;
+  if (x.scalar_type() == at::kBFloat16 && route::cpu_onednn_bf16.enabled() && bf16_native())
+    return &route::cpu_onednn_bf16;
+  return nullptr;
+}
+
+const routes::Route* covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
   const bool shape_ok = c.mode == kLstm && c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
   const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
-  return shape_ok && train_ok && x.scalar_type() == at::kFloat && at::hasMKLDNN() &&
-         at::globalContext().userEnabledMkldnn();
+  if (!(shape_ok && train_ok && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn())) return nullptr;
+  return route_of(x);
 }
 
 // What the backward needs from a training forward, per pseudo-layer as oneDNN returned them. It is owned by
@@ -37,6 +57,7 @@ struct OnednnState {
   std::vector<Tensor> out, hy, cy, ws;  // out [T, B, H], hy/cy [1, B, H], ws oneDNN's workspace
   std::vector<Tensor> inputs;           // layer l's input, l >= 1 ([T, B, D*H])
   int64_t out_version = 0;              // of out.back() (with one direction, the caller's output)
+  const routes::Route* route = nullptr;  // the route of the forward's dtype
   void* memory = nullptr;               // the reserve's memory: header + unused space
   size_t bytes = 0;
 };
@@ -69,8 +90,10 @@ void delete_state(void* ctx) {
 std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0,
                                              const Tensor& c0, const Tensor& p, const Tensor& lens, double dropout,
                                              bool is_training, int64_t reserve_numel) {
-  if (!covers(c, x, lens, dropout, is_training)) return std::nullopt;
+  const routes::Route* route = covers(c, x, lens, dropout, is_training);
+  if (route == nullptr) return std::nullopt;
   auto state = std::make_unique<OnednnState>();
+  state->route = route;
   // ATen's oneDNN lstm keeps its workspace only in grad mode. Nothing is recorded: the op's kernels run
   // below the autograd dispatch keys.
   const at::AutoGradMode grad_mode(is_training);
@@ -103,6 +126,7 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
   // With one direction the caller's output is oneDNN's own, which the backward reads: if it is changed in
   // place, the backward recomputes with the loops.
   r.out = layer_in.contiguous();
+  r.route = route == &route::cpu_onednn ? nullptr : route;
   if (is_training) {
     state->out_version = state->out.back()._version();
     state->bytes = static_cast<size_t>(reserve_numel) * x.element_size();
@@ -113,14 +137,17 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
   return r;
 }
 
-std::optional<T4> onednn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve, const Tensor& x,
-                                  const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY_last,
-                                  const Tensor& dhN, const Tensor& dcN) {
+std::optional<LibraryBackward> onednn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve,
+                                               const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& p,
+                                               const Tensor& dY_last, const Tensor& dhN, const Tensor& dcN) {
   const auto* s = static_cast<const OnednnState*>(reserve_state(reserve, &delete_state));
   if (s == nullptr || static_cast<int64_t>(s->ws.size()) != c.L * c.D || s->out.back()._version() != s->out_version)
     return std::nullopt;
-  const Tensor dh0 = at::empty({c.L * c.D, c.B, c.H}, x.options()), dc0 = at::empty({c.L * c.D, c.B, c.H}, x.options());
-  const Tensor dp = at::empty({lay.size}, x.options());
+  if (s->route != route_of(x)) return std::nullopt;  // (the bfloat16 route switched off since the forward)
+  // oneDNN returns float32 gradients for bfloat16 data too: they are kept so, and rounded once by the caller.
+  const auto gopts = x.options().dtype(at::kFloat);
+  const Tensor dh0 = at::empty({c.L * c.D, c.B, c.H}, gopts), dc0 = at::empty({c.L * c.D, c.B, c.H}, gopts);
+  const Tensor dp = at::empty({lay.size}, gopts);
   auto dir = [&](const Tensor& t, int64_t d) { return c.D == 1 ? t : t.narrow(2, d * c.H, c.H).contiguous(); };
   Tensor dY = dY_last;
   for (int64_t l = c.L - 1; l >= 0; --l) {
@@ -142,9 +169,10 @@ std::optional<T4> onednn_backward(const Cfg& c, const Layout& lay, const Tensor&
       dh0.select(0, pl).copy_(std::get<5>(g).view({c.B, c.H}));
       dc0.select(0, pl).copy_(std::get<6>(g).view({c.B, c.H}));
     }
-    dY = dX;
+    // (the layer below reads its output gradient in its data's dtype, as autograd gives it to torch.nn.LSTM)
+    dY = l > 0 ? dX.to(x.scalar_type()) : dX;
   }
-  return T4{dY, dh0, dc0, dp};
+  return LibraryBackward(T4{dY, dh0, dc0, dp}, s->route == &route::cpu_onednn ? nullptr : s->route);
 }
 
 }  // namespace crnn

@@ -12,9 +12,10 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
                                              const at::Tensor& lens, double dropout, bool is_training,
                                              int64_t reserve_numel);
 
-std::optional<T4> onednn_backward(const Cfg& c, const Layout& lay, const at::Tensor& reserve, const at::Tensor& x,
-                                  const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
-                                  const at::Tensor& dY, const at::Tensor& dhN, const at::Tensor& dcN);
+std::optional<LibraryBackward> onednn_backward(const Cfg& c, const Layout& lay, const at::Tensor& reserve,
+                                               const at::Tensor& x, const at::Tensor& h0, const at::Tensor& c0,
+                                               const at::Tensor& p, const at::Tensor& dY, const at::Tensor& dhN,
+                                               const at::Tensor& dcN);
 
 }  // namespace crnn
 }  // namespace torchops

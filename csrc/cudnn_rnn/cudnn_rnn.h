@@ -51,12 +51,21 @@ struct PlParams {
 };
 PlParams pl_params(const Cfg& c, const Layout& lay, const at::Tensor& p, int64_t pl);
 
-// What a library route's forward returns, time-major in the compute dtype. `reserve` (training only) has the
-// size the orchestration asked for; the orchestration writes its header.
+// What a library route's forward returns, time-major in the dtype of the tensors it was given. `reserve`
+// (training only) has the size the orchestration asked for; the orchestration writes its header. `route`: the
+// route that ran when it is not the entry's own (a dtype variant of the entry, see Kernels::LibraryRoute).
 struct LibraryForward {
   at::Tensor out, hN, cN, reserve;
+  const routes::Route* route = nullptr;
 };
 using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+// What a library route's backward returns: (dx, dh0, dc0, dp) in the compute dtype or the input dtype (the
+// orchestration rounds them to the input's and params' dtypes), and the route that ran as LibraryForward's.
+struct LibraryBackward {
+  LibraryBackward(T4 g, const routes::Route* r = nullptr) : grads(std::move(g)), route(r) {}
+  T4 grads;
+  const routes::Route* route;
+};
 
 // The orchestration's header at the start of every reserve_space (a library route keeps its own data after it).
 constexpr int64_t kReserveHeaderBytes = 16 * 8;
@@ -73,10 +82,13 @@ struct Kernels : StepKernels {
   c10::DeviceType device;
   // The route counted when the time loops ran the op.
   const routes::Route* loops_route = nullptr;
-  // Optional whole-op routes through a vendor library, tried in order (when their route is enabled) after
-  // validation with time-major, contiguous tensors in the compute dtype; `lens` is the validated int32 lengths on
-  // the CPU (undefined when every length is T). nullopt leaves the case to the next route and finally to the time
-  // loops. A training forward returns a reserve of `reserve_numel` elements that only its backward can use.
+  // Optional whole-op routes through a vendor library, tried in order after validation with time-major,
+  // contiguous tensors; `lens` is the validated int32 lengths on the CPU (undefined when every length is T).
+  // nullopt leaves the case to the next route and finally to the time loops. float32 and float64 come in the
+  // compute dtype when the entry's route is enabled; float16 and bfloat16 come in their own dtype, which an entry
+  // serves only through a dtype variant: a route of its own that the entry checks and reports (`route` of its
+  // results). A training forward returns a reserve of `reserve_numel` elements (of the input dtype) that only its
+  // backward can use.
   struct LibraryRoute {
     const routes::Route* route = nullptr;
     std::optional<LibraryForward> (*forward)(const Cfg& c, const Layout& lay, const at::Tensor& x,
@@ -85,9 +97,10 @@ struct Kernels : StepKernels {
                                              int64_t reserve_numel) = nullptr;
     // (dx, dh0, dc0, dp) from a library forward's reserve; nullopt when the reserve no longer carries the
     // library's state (a copy of it), and the orchestration recomputes the forward with the time loops.
-    std::optional<T4> (*backward)(const Cfg& c, const Layout& lay, const at::Tensor& reserve, const at::Tensor& x,
-                                  const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
-                                  const at::Tensor& dY, const at::Tensor& dhN, const at::Tensor& dcN) = nullptr;
+    std::optional<LibraryBackward> (*backward)(const Cfg& c, const Layout& lay, const at::Tensor& reserve,
+                                               const at::Tensor& x, const at::Tensor& h0, const at::Tensor& c0,
+                                               const at::Tensor& p, const at::Tensor& dY, const at::Tensor& dhN,
+                                               const at::Tensor& dcN) = nullptr;
   };
   LibraryRoute library[2] = {};
 };
@@ -97,7 +110,7 @@ using Str = c10::string_view;
 
 // The family's routes (cudnn_rnn/routes.cpp).
 namespace route {
-extern routes::Route cpu_onednn, cpu_cudnn_standin, cpu_loops, cuda_cudnn, cuda_loops;
+extern routes::Route cpu_onednn, cpu_onednn_bf16, cpu_cudnn_standin, cpu_loops, cuda_cudnn, cuda_loops;
 extern routes::CapabilityRoutes cpu_gate_kernels;
 }  // namespace route
 

@@ -210,9 +210,10 @@ std::optional<LibraryForward> route_forward(const CudnnVendor& v, const Cfg& c, 
   return r;
 }
 
-std::optional<T4> route_backward(const CudnnVendor& v, const Cfg& c, const Layout& lay, const Tensor& reserve,
-                                 const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& p,
-                                 const Tensor& dY, const Tensor& dhN, const Tensor& dcN) {
+std::optional<LibraryBackward> route_backward(const CudnnVendor& v, const Cfg& c, const Layout& lay,
+                                              const Tensor& reserve, const Tensor& x, const Tensor& h0,
+                                              const Tensor& c0, const Tensor& p, const Tensor& dY, const Tensor& dhN,
+                                              const Tensor& dcN) {
   const auto* s = static_cast<const CudnnState*>(reserve_state(reserve, &delete_state));
   if (s == nullptr || s->vendor != &v) return std::nullopt;
   const std::optional<Packing>& pk = s->packing;
@@ -245,9 +246,9 @@ std::optional<LibraryForward> cudnn_forward(const Cfg& c, const Layout& lay, con
                                             bool is_training, int64_t reserve_numel) {
   return route_forward(kAtenCudnn, c, lay, x, h0, c0, p, lens, dropout, is_training, reserve_numel);
 }
-std::optional<T4> cudnn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve, const Tensor& x,
-                                 const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY,
-                                 const Tensor& dhN, const Tensor& dcN) {
+std::optional<LibraryBackward> cudnn_backward(const Cfg& c, const Layout& lay, const Tensor& reserve,
+                                              const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& p,
+                                              const Tensor& dY, const Tensor& dhN, const Tensor& dcN) {
   return route_backward(kAtenCudnn, c, lay, reserve, x, h0, c0, p, dY, dhN, dcN);
 }
 std::optional<LibraryForward> standin_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0,
@@ -255,9 +256,9 @@ std::optional<LibraryForward> standin_forward(const Cfg& c, const Layout& lay, c
                                               bool is_training, int64_t reserve_numel) {
   return route_forward(kCudnnStandin, c, lay, x, h0, c0, p, lens, dropout, is_training, reserve_numel);
 }
-std::optional<T4> standin_backward(const Cfg& c, const Layout& lay, const Tensor& reserve, const Tensor& x,
-                                   const Tensor& h0, const Tensor& c0, const Tensor& p, const Tensor& dY,
-                                   const Tensor& dhN, const Tensor& dcN) {
+std::optional<LibraryBackward> standin_backward(const Cfg& c, const Layout& lay, const Tensor& reserve,
+                                                const Tensor& x, const Tensor& h0, const Tensor& c0, const Tensor& p,
+                                                const Tensor& dY, const Tensor& dhN, const Tensor& dcN) {
   return route_backward(kCudnnStandin, c, lay, reserve, x, h0, c0, p, dY, dhN, dcN);
 }
 

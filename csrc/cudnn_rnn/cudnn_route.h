@@ -42,16 +42,18 @@ std::optional<LibraryForward> cudnn_forward(const Cfg& c, const Layout& lay, con
                                             const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
                                             const at::Tensor& lens, double dropout, bool is_training,
                                             int64_t reserve_numel);
-std::optional<T4> cudnn_backward(const Cfg& c, const Layout& lay, const at::Tensor& reserve, const at::Tensor& x,
-                                 const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
-                                 const at::Tensor& dY, const at::Tensor& dhN, const at::Tensor& dcN);
+std::optional<LibraryBackward> cudnn_backward(const Cfg& c, const Layout& lay, const at::Tensor& reserve,
+                                              const at::Tensor& x, const at::Tensor& h0, const at::Tensor& c0,
+                                              const at::Tensor& p, const at::Tensor& dY, const at::Tensor& dhN,
+                                              const at::Tensor& dcN);
 std::optional<LibraryForward> standin_forward(const Cfg& c, const Layout& lay, const at::Tensor& x,
                                               const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
                                               const at::Tensor& lens, double dropout, bool is_training,
                                               int64_t reserve_numel);
-std::optional<T4> standin_backward(const Cfg& c, const Layout& lay, const at::Tensor& reserve, const at::Tensor& x,
-                                   const at::Tensor& h0, const at::Tensor& c0, const at::Tensor& p,
-                                   const at::Tensor& dY, const at::Tensor& dhN, const at::Tensor& dcN);
+std::optional<LibraryBackward> standin_backward(const Cfg& c, const Layout& lay, const at::Tensor& reserve,
+                                                const at::Tensor& x, const at::Tensor& h0, const at::Tensor& c0,
+                                                const at::Tensor& p, const at::Tensor& dY, const at::Tensor& dhN,
+                                                const at::Tensor& dcN);
 
 }  // namespace crnn
 }  // namespace torchops

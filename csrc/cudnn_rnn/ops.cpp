@@ -597,6 +597,16 @@ Tensor to_tm(const Tensor& t, bool tm) { return tm ? t : t.transpose(0, 1); }
 Tensor prep(const Tensor& t, bool tm, at::ScalarType cdt) { return to_tm(t, tm).to(cdt).contiguous(); }
 Tensor finish(const Tensor& t, bool tm, at::ScalarType dt) { return tm ? t.to(dt) : t.transpose(0, 1).to(dt).contiguous(); }
 
+// The forward's inputs time-major, contiguous, in dtype `t` (params: its lay.size elements).
+struct Prepped {
+  Tensor x, h0, c0, p;
+};
+Prepped prep_inputs(const Cfg& c, const Layout& lay, const Tensor& input, const Tensor& input_h,
+                    const Tensor& input_c, const Tensor& params, bool tm, at::ScalarType t) {
+  return {prep(input, tm, t), prep(input_h, tm, t), c.mode == kLstm ? prep(input_c, tm, t) : Tensor(),
+          params.narrow(0, 0, lay.size).to(t).contiguous()};
+}
+
 }  // namespace
 
 // =================================================================================================
@@ -611,22 +621,25 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
                               direction, dropout, num_proj, tm, k);
   const Layout lay = make_layout(c);
   const auto dt = input.scalar_type(), cdt = compute_type(dt);
+  const bool low = dt != cdt;  // float16 / bfloat16
   const auto copts = input.options().dtype(cdt);
-  const Tensor x = prep(input, tm, cdt), h0 = prep(input_h, tm, cdt);
-  const Tensor c0 = c.mode == kLstm ? prep(input_c, tm, cdt) : Tensor();
-  const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
   int64_t lens_digest = 0;
   Tensor host_lens;
   const Tensor lens = prepare_lens(sequence_lengths, c, input.device(), &lens_digest, &host_lens);
   const bool has_mask = is_training && dropout > 0.0 && c.L > 1;
   const int64_t total = reserve_elems(c, has_mask, cdt);
+  const int64_t ratio = static_cast<int64_t>(c10::elementSize(cdt) / c10::elementSize(dt));
+  // The library entries get the input dtype (see Kernels::LibraryRoute); the time loops the compute dtype.
+  const Prepped lib_in = prep_inputs(c, lay, input, input_h, input_c, params, tm, dt);
   for (const auto& library : k.library) {
-    if (library.forward == nullptr || dt != cdt || !library.route->enabled()) continue;
-    if (auto lib = library.forward(c, lay, x, h0, c0, p, host_lens, dropout, is_training, total)) {
-      library.route->ran();
+    if (library.forward == nullptr || (!low && !library.route->enabled())) continue;
+    if (auto lib = library.forward(c, lay, lib_in.x, lib_in.h0, lib_in.c0, lib_in.p, host_lens, dropout, is_training,
+                                   total * ratio)) {
+      TORCH_INTERNAL_ASSERT(!low || lib->route != nullptr, "a library route ran ", dt, " without its dtype variant");
+      (lib->route != nullptr ? lib->route : library.route)->ran();
       Tensor reserve = at::empty({0}, input.options());
       if (is_training) {
-        TORCH_INTERNAL_ASSERT(lib->reserve.numel() == total);
+        TORCH_INTERNAL_ASSERT(lib->reserve.numel() == total * ratio);
         write_header(lib->reserve, header_of(c, has_mask, total, lens_digest, kLibraryLayout));
         reserve = lib->reserve;
       }
@@ -636,6 +649,8 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
     }
   }
   k.loops_route->ran();
+  const Prepped in = low ? prep_inputs(c, lay, input, input_h, input_c, params, tm, cdt) : lib_in;
+  const Tensor &x = in.x, &h0 = in.h0, &c0 = in.c0, &p = in.p;
   Tensor buf = at::empty({total}, copts);
   Res r = carve(c, has_mask, buf);
   if (has_mask) fill_masks(r, dropout, seed, seed2);
@@ -721,26 +736,33 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
               "sequence_lengths differ from the ones the forward that returned reserve_space ran with: pass the "
               "forward's sequence_lengths to the backward");
   const Layout lay = make_layout(c);
-  const Tensor x = prep(input, tm, cdt), h0 = prep(input_h, tm, cdt);
-  const Tensor c0 = c.mode == kLstm ? prep(input_c, tm, cdt) : Tensor();
-  const Tensor p = params.narrow(0, 0, lay.size).to(cdt).contiguous();
-  const Tensor dY = prep(output_backprop, tm, cdt), dhN = prep(output_h_backprop, tm, cdt);
-  const Tensor dcN = c.mode == kLstm ? prep(output_c_backprop, tm, cdt) : Tensor();
-  const auto copts = input.options().dtype(cdt);
   auto result = [&](const Tensor& dx, const Tensor& dh0, const Tensor& dc0, const Tensor& dp) -> T4 {
     const Tensor params_backprop = dp.to(params.scalar_type());  // (params has exactly lay.size elements)
     const Tensor dc_out = c.mode == kLstm ? finish(dc0, tm, dt) : at::zeros({}, input.options());
     return {finish(dx, tm, dt), finish(dh0, tm, dt), dc_out, params_backprop};
   };
+  const bool low = dt != cdt;
   const bool library = layout == kLibraryLayout;
-  for (const auto& lib : k.library) {
-    if (!library || lib.backward == nullptr || dt != cdt || !lib.route->enabled()) continue;
-    if (auto g = lib.backward(c, lay, buf, x, h0, c0, p, dY, dhN, dcN)) {
-      lib.route->ran();
-      return result(std::get<0>(*g), std::get<1>(*g), std::get<2>(*g), std::get<3>(*g));
+  if (library) {  // the library entries get the input dtype, as in the forward
+    const Prepped in = prep_inputs(c, lay, input, input_h, input_c, params, tm, dt);
+    const Tensor dY = prep(output_backprop, tm, dt), dhN = prep(output_h_backprop, tm, dt);
+    const Tensor dcN = c.mode == kLstm ? prep(output_c_backprop, tm, dt) : Tensor();
+    for (const auto& lib : k.library) {
+      if (lib.backward == nullptr || (!low && !lib.route->enabled())) continue;
+      if (auto g = lib.backward(c, lay, buf, in.x, in.h0, in.c0, in.p, dY, dhN, dcN)) {
+        TORCH_INTERNAL_ASSERT(!low || g->route != nullptr, "a library route ran ", dt, " without its dtype variant");
+        (g->route != nullptr ? g->route : lib.route)->ran();
+        const T4& d = g->grads;
+        return result(std::get<0>(d), std::get<1>(d), std::get<2>(d), std::get<3>(d));
+      }
     }
   }
   k.loops_route->ran();
+  const Prepped in = prep_inputs(c, lay, input, input_h, input_c, params, tm, cdt);
+  const Tensor &x = in.x, &h0 = in.h0, &c0 = in.c0, &p = in.p;
+  const Tensor dY = prep(output_backprop, tm, cdt), dhN = prep(output_h_backprop, tm, cdt);
+  const Tensor dcN = c.mode == kLstm ? prep(output_c_backprop, tm, cdt) : Tensor();
+  const auto copts = input.options().dtype(cdt);
   // A library reserve without the library's state (a copy, or another device): recompute with the loops.
   Res r = carve(c, has_mask, library ? at::empty({total}, copts) : buf);
   if (library) {

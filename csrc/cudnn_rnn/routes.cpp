@@ -17,6 +17,11 @@ Route cpu_onednn{"cudnn_rnn", "sequence", "onednn", DeviceType::CPU, kNoCapabili
                  "float32 lstm without projection, skip_input or sequence_lengths; training without dropout between "
                  "layers; oneDNN built and torch.backends.mkldnn enabled (what torch.nn.LSTM runs on the CPU)",
                  kCpuSuite};
+Route cpu_onednn_bf16{"cudnn_rnn", "sequence", "onednn_bf16", DeviceType::CPU, kNoCapability,
+                      "bfloat16 (torch.autocast's CPU dtype) in cudnn_rnn.cpu.onednn's cases, on CPUs where oneDNN "
+                      "runs bfloat16 natively (torch.ops.mkldnn._is_mkldnn_bf16_supported()): oneDNN's bfloat16 "
+                      "lstm, what torch.nn.LSTM runs under CPU autocast",
+                      kCpuSuite};
 Route cpu_cudnn_standin{"cudnn_rnn", "sequence", "cudnn_standin", DeviceType::CPU, kNoCapability,
                         "test-only: the cuDNN route's glue (cudnn_rnn.cuda.cudnn's cases) over a CPU stand-in of "
                         "cuDNN that keeps its contract (weight list, packed batch_sizes, a backward that overwrites "
