@@ -18,6 +18,26 @@ def _runs_on_cuda(item) -> bool:
         for v in params.values())
 
 
+# Under pytest-xdist's `--dist loadfile` (scripts/test.sh) one worker runs each file's tests in order, as without
+# xdist, so that its module fixtures are made once; files that must not overlap share one such unit (here: the
+# wheel's build, not in place, deletes the in-place build key that test_scripts.py's clone copies).
+_SHARED_UNITS = {"test_scripts.py": "packaging", "test_wheel.py": "packaging"}
+
+
+@pytest.hookimpl(tryfirst=True, optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid):
+            scope = super()._split_scope(nodeid)
+            return _SHARED_UNITS.get(os.path.basename(scope), scope)
+
+    return FileScheduling(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)  # (before `-m` deselects by marker)
 def pytest_collection_modifyitems(config, items):
     # Every CUDA test carries the `cuda` marker, so that `pytest -m cuda` selects them all; tests marked
@@ -161,14 +181,17 @@ def set_routes():
 
 
 # TORCHOPS_ROUTE_REPORT=FILE (scripts/gpu_check.sh sets it): per route, how many tests it ran in passed and failed,
-# written as JSON at the end of the session (FILE.<worker> under pytest-xdist), so that a GPU run says which routes
-# can be marked verified.
+# written as JSON at the end of the session, so that a GPU run says which routes can be marked verified. Under
+# pytest-xdist each worker writes FILE.<worker> and the controller merges them into FILE (removing them).
 _ROUTE_REPORT = os.environ.get("TORCHOPS_ROUTE_REPORT")
 _route_outcomes = {}
 
 
+_routes = torchops.backends.routes  # (this one: tests/test_info.py swaps torchops.backends for stand-ins)
+
+
 def _route_hits():
-    return {r["id"]: r["hits"] for r in torchops.backends.routes()}
+    return {r["id"]: r["hits"] for r in _routes()}
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -196,10 +219,33 @@ def pytest_runtest_makereport(item, call):
                 entry["failed_tests"].append(item.nodeid)
 
 
-def pytest_sessionfinish(session, exitstatus):
-    if _ROUTE_REPORT:
-        import json
+def _worker_reports():
+    import glob
 
-        worker = os.environ.get("PYTEST_XDIST_WORKER")
-        with open(_ROUTE_REPORT + (f".{worker}" if worker else ""), "w") as f:
-            json.dump(_route_outcomes, f, indent=1)
+    return glob.glob(glob.escape(_ROUTE_REPORT) + ".gw*")
+
+
+def pytest_configure(config):
+    if _ROUTE_REPORT and not os.environ.get("PYTEST_XDIST_WORKER"):
+        for path in _worker_reports():  # (an earlier run's, which the merge must not count)
+            os.remove(path)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if not _ROUTE_REPORT:
+        return
+    import json
+
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    merged = _route_outcomes
+    if not worker:
+        for path in sorted(_worker_reports()):  # (the workers have finished: their sessions end before this one)
+            with open(path) as f:
+                for route, e in json.load(f).items():
+                    m = merged.setdefault(route, {"passed": 0, "failed": 0, "failed_tests": []})
+                    m["passed"] += e["passed"]
+                    m["failed"] += e["failed"]
+                    m["failed_tests"] += e["failed_tests"]
+            os.remove(path)
+    with open(_ROUTE_REPORT + (f".{worker}" if worker else ""), "w") as f:
+        json.dump(merged, f, indent=1)
