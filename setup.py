@@ -291,7 +291,9 @@ class BuildTorchops(BuildExtension.with_options(no_python_abi_suffix=True)):
             if not os.path.exists(os.path.join(package_dir, "_build_info.py")):
                 write_build_info(package_dir)
             return
-        for ext in self.extensions:  # a build that stops half-way must not leave a key that claims it finished
+        # An in-place build that stops half-way must not leave a key that claims it finished; a wheel build leaves
+        # the checkout's library and key alone.
+        for ext in self.extensions if inplace else ():
             if os.path.exists(self._key_path(ext)):
                 os.remove(self._key_path(ext))
         super().run()

@@ -25,15 +25,29 @@ print("op ok from", torchops.__file__)
 """
 
 
+KEY = os.path.join(ROOT, "torchops", "_C.so.buildkey")
+
+
+def _read_key():
+    try:
+        with open(KEY) as f:
+            return f.read()
+    except FileNotFoundError:
+        return None
+
+
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
     dist = tmp_path_factory.mktemp("dist")
+    key_before = _read_key()
     # In the checkout, like `pip wheel .`: the objects of its build folder are reused (a link, not a rebuild).
     out = subprocess.run([sys.executable, "-m", "pip", "wheel", ROOT, "--no-build-isolation", "--no-deps", "-q",
                           "-w", str(dist)], capture_output=True, text=True, env=clean_env(), cwd=ROOT, timeout=3000)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     wheels = [p for p in os.listdir(dist) if p.endswith(".whl")]
     assert len(wheels) == 1, wheels
+    # A wheel build leaves the checkout's in-place library and its build key alone (the next in-place build skips).
+    assert _read_key() == key_before
     return os.path.join(dist, wheels[0])
 
 
