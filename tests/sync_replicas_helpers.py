@@ -50,8 +50,10 @@ def rejoin_schedule(step):
 
 
 def slow_worker_2(worker, step):
-    """Worker 2 straggles: its gradients arrive after the other two were aggregated (stale)."""
-    return 0.4 if worker == 2 else 0.0
+    """Worker 2 straggles before worker 0 is killed at step 3: its gradients arrive after the other two were
+    aggregated (stale). Long enough that the two others' start-up on a loaded machine cannot outlast it; after the
+    kill both survivors are needed at every step, so waiting longer would only slow the run."""
+    return 1.5 if worker == 2 and step < 3 else 0.0
 
 
 def kill_worker_0_at_step_3(step, info):

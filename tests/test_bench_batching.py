@@ -65,7 +65,9 @@ def test_pipeline_runs_the_model_for_every_batch(driver, tmp_path, spin):
     rps = m.pipeline(clients=4, batch=2, seconds=0.3, spin=spin)
     full, _, _, _ = m.drive(clients=2, seconds=0.3, rows=2)  # 2 threads running full batches, back to back
     free = 1e6 / bench_batching._handoff_us(driver, 4, 2, 0.3)  # requests per CPU second without a model
-    assert 0 < rps <= 2 * full * 1.5
+    # (rates of separate runs on a shared machine: the bound leaves room for the machine's swings, and a batcher
+    # that skipped the model would still exceed it by orders of magnitude, as `free` shows)
+    assert 0 < rps <= 2 * full * 4
     assert rps * 5 < free
 
 
