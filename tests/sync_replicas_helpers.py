@@ -51,9 +51,15 @@ def rejoin_schedule(step):
 
 def slow_worker_2(worker, step):
     """Worker 2 straggles before worker 0 is killed at step 3: its gradients arrive after the other two were
-    aggregated (stale). Long enough that the two others' start-up on a loaded machine cannot outlast it; after the
-    kill both survivors are needed at every step, so waiting longer would only slow the run."""
+    aggregated (stale), by a margin a loaded machine does not erase; after the kill both survivors are needed at
+    every step, so waiting longer would only slow the run."""
     return 1.5 if worker == 2 and step < 3 else 0.0
+
+
+def worker_2_joins_step_0(step):
+    """Step 0 aggregates workers 0 and 2, so it waits for worker 2's process to join (a late start cannot leave it
+    out of the steps before worker 0 is killed); from step 1 every worker computes every step."""
+    return [0, 2] if step == 0 else [0, 1, 2]
 
 
 def kill_worker_0_at_step_3(step, info):

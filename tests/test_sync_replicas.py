@@ -118,7 +118,7 @@ def test_processes_worker_killed_midrun_completes_with_stale():
     # (process mode: on_step runs in the parameter-server process, so it is a picklable top-level function)
     r = train_sync_replicas(H.model_fn, H.optimizer_fn, H.loss_fn, shards, num_workers=3, replicas_to_aggregate=2,
                             num_steps=NUM_STEPS, mode="processes", worker_delay=H.slow_worker_2,
-                            on_step=H.kill_worker_0_at_step_3,
+                            schedule=H.worker_2_joins_step_0, on_step=H.kill_worker_0_at_step_3,
                             timeout=180)
     assert r.global_steps == NUM_STEPS
     assert r.stale_gradients > 0
