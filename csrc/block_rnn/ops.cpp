@@ -712,7 +712,8 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
     auto step = [&](const at::Tensor& t3, int64_t t) { return t3.defined() ? t3.select(0, t) : zs; };
     auto gate = [&](const at::Tensor& t3, int64_t t) { return !any_gate ? at::Tensor() : step(t3, t); };
     const at::Tensor dh_s = rows_of(dh32, 0, b0, nb), dcs_s = rows_of(dcs32, 0, b0, nb);
-    const at::Tensor dg32 = at::empty({nb, 4 * C}, o32), dh_low = at::empty({nb, C}, dgates.options());
+    const at::Tensor dg32 = at::empty({nb, 4 * C}, o32);
+    at::Tensor dh_low = at::empty({nb, C}, dgates.options());
     for (int64_t t = L - 1; t >= 0; --t) {
       const at::Tensor dg_t = dgs.select(0, t);
       k.lstm_backward(fs.i.select(0, t), fs.cs.select(0, t), fs.f.select(0, t), fs.o.select(0, t),
@@ -721,7 +722,7 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
                       gate(gcos, t), use_peephole, ifco, dg32, dcs_s);
       dg_t.copy_(dg32);
       if (input_grads) {
-        at::mm_out(const_cast<at::Tensor&>(dh_low), dg_t, w_h.t());
+        at::mm_out(dh_low, dg_t, w_h.t());
         dh_s.copy_(dh_low);
       }
     }
@@ -838,7 +839,6 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   }
   out.b_grad.copy_(sum_rows(dg2d));
 }
-
 
 LstmOuts lstm_outs_of(const at::Tensor& i, const at::Tensor& cs, const at::Tensor& f, const at::Tensor& o,
                       const at::Tensor& ci, const at::Tensor& co, const at::Tensor& h) {
