@@ -306,12 +306,68 @@ class BuildTorchops(BuildExtension.with_options(no_python_abi_suffix=True)):
                     f.write(key + "\n")
 
     def build_extension(self, ext):
+        pch = self.start_precompiled_header(ext)  # compiles beside the CPU capability builds
         # Linked after the other objects, lowest capability first: an inline function of a shared header that a
         # wider build emits too is then taken from a build every CPU runs (the linker keeps the first copy).
         ext.extra_objects = list(ext.extra_objects or []) + self.compile_cpu_capabilities(ext)
+        include = self.finish_precompiled_header(pch)
+        if include:
+            ext.extra_compile_args = dict(ext.extra_compile_args, cxx=ext.extra_compile_args["cxx"] + include)
         super().build_extension(ext)
         check_shared_libstdcxx(self.get_ext_fullpath(ext.name))
 
+    def start_precompiled_header(self, ext):
+        """Start compiling csrc/common/precompiled.h into a GCC precompiled header for the main build's C++ units,
+        with exactly their command line; returns (process, folder, flags to use it) or None (not GCC, DEBUG=1).
+        The folder is named by a digest of the command, the header and torch's version: a change of any of them
+        gives a new path, so the units' command lines change and ninja recompiles them all (their depfiles do not
+        list headers that come from a precompiled one)."""
+        import torch
+        from torch.utils.cpp_extension import get_cxx_compiler
+
+        args = ext.extra_compile_args
+        if os.environ.get("DEBUG", "0") == "1" or not isinstance(args, dict) or not _is_gcc(get_cxx_compiler()):
+            return None
+        _, _, _, pp_opts, _ = self.compiler._setup_compile(self.build_temp, ext.define_macros, ext.include_dirs, [],
+                                                           ext.depends, args)
+        with open(os.path.join(ROOT, "csrc", "common", "precompiled.h"), "rb") as f:
+            header = f.read()
+        command = [get_cxx_compiler(), *self.compiler.compiler_so[1:], *pp_opts, "-x", "c++-header"]
+        post = list(args["cxx"])
+        if not any(flag.startswith("-std=") for flag in post):
+            # What torch's ninja build appends (a different standard makes GCC refuse the header, with a warning).
+            post.append("-std=c++20")
+        digest = hashlib.sha256(repr([command, post, torch.__version__, torch.version.git_version, COMPILER]).encode()
+                                + header).hexdigest()[:16]
+        root = os.path.join(self.build_temp, "pch")
+        folder = os.path.join(root, digest)
+        path = os.path.join(folder, "precompiled.h")
+        flags = ["-include", path, "-Winvalid-pch"]
+        if os.path.exists(path + ".gch"):
+            return None, folder, flags
+        shutil.rmtree(root, ignore_errors=True)  # a stale one is half a gigabyte
+        os.makedirs(folder)
+        with open(path, "wb") as f:
+            f.write(header)
+        full = command + [path, "-o", path + ".gch.part"] + post
+        print("torchops: precompiling the torch headers:", " ".join(full))
+        return subprocess.Popen(full), folder, flags
+
+    @staticmethod
+    def finish_precompiled_header(pch):
+        """The flags that use the precompiled header once it is compiled; none (a note) when it failed to compile:
+        the units then parse the headers themselves."""
+        if pch is None:
+            return []
+        process, folder, flags = pch
+        if process is not None:
+            path = os.path.join(folder, "precompiled.h")
+            if process.wait() != 0:
+                print("torchops: could not precompile the torch headers; building without them", file=sys.stderr)
+                shutil.rmtree(folder, ignore_errors=True)
+                return []
+            os.replace(path + ".gch.part", path + ".gch")
+        return flags
 
     def compile_cpu_capabilities(self, ext):
         """Objects of the CPU capability builds: each capability's sources compiled with its flags, in a folder of
@@ -326,6 +382,16 @@ class BuildTorchops(BuildExtension.with_options(no_python_abi_suffix=True)):
                                              debug=self.debug, extra_postargs=dict(args, cxx=cxx)
                                              if isinstance(args, dict) else cxx, depends=ext.depends)
         return objects
+
+
+def _is_gcc(cxx):
+    """Whether `cxx` is GCC (clang defines __GNUC__ too, and reads precompiled headers of its own format)."""
+    try:
+        out = subprocess.run([*cxx.split(), "-dM", "-E", "-x", "c++", os.devnull], capture_output=True, text=True,
+                             timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return "#define __GNUC__ " in out and "__clang__" not in out
 
 
 def _read(path):

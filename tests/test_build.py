@@ -1,6 +1,8 @@
 """The built library itself: it must use the process's shared libstdc++ (issue: a statically linked copy made
 every number vanish from, or crash, the library's error messages)."""
+import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -115,3 +117,34 @@ def test_setup_auto_builds_cuda_kernels_only_where_they_can_run():
     assert "torchops: CUDA kernels: yes (" in out.stderr
     out = _setup_py({"TORCHOPS_WITH_CUDA": "0", "TORCH_CUDA_ARCH_LIST": "9.0"})
     assert out.returncode == 0 and "torchops: CUDA kernels: no (TORCHOPS_WITH_CUDA=0)" in out.stderr
+
+
+def _post_cflags(build_ninja):
+    with open(build_ninja) as f:
+        return next(line for line in f if line.startswith("post_cflags ="))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="GCC builds (Linux)")
+def test_main_build_uses_one_precompiled_header():
+    from torchops import _build_info
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    folder = os.path.join(root, "build", "torchops-cuda" if _build_info.WITH_CUDA else "torchops-cpu")
+    if not os.path.exists(os.path.join(folder, "build.ninja")):
+        pytest.skip(f"no build of this checkout in {folder} (an installed wheel)")
+    if "clang" in (_build_info.COMPILER or "").lower() or os.environ.get("DEBUG") == "1":
+        pytest.skip("precompiled headers are for GCC builds without DEBUG=1")
+    post = _post_cflags(os.path.join(folder, "build.ninja"))
+    m = re.search(r"-include (\S+)/pch/([0-9a-f]{16})/precompiled\.h\b", post)
+    assert m, f"the main build does not use the precompiled header: {post}"
+    assert os.path.realpath(m.group(1)) == os.path.realpath(folder)
+    pch = os.path.join(folder, "pch", m.group(2), "precompiled.h.gch")
+    assert os.path.getsize(pch) > 1 << 20
+    assert os.listdir(os.path.join(folder, "pch")) == [m.group(2)], "a stale precompiled header was kept"
+    with open(os.path.join(root, "csrc", "common", "precompiled.h"), "rb") as f, \
+            open(os.path.join(folder, "pch", m.group(2), "precompiled.h"), "rb") as g:
+        assert f.read() == g.read(), "the precompiled header is not the checkout's"
+    capability_builds = glob.glob(os.path.join(folder, "cpu_*", "build.ninja"))
+    assert capability_builds
+    for build_ninja in capability_builds:  # other flags: a header precompiled with the main build's is refused
+        assert "-include" not in _post_cflags(build_ninja), build_ninja
