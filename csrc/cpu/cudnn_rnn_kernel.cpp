@@ -22,6 +22,7 @@ const Kernels kCpuKernels{TORCHOPS_STEP(lstm_fwd), TORCHOPS_STEP(gru_fwd),  TORC
                           TORCHOPS_STEP(mask_state), TORCHOPS_STEP(bwd_prep), TORCHOPS_STEP(lstm_bwd),
                           TORCHOPS_STEP(gru_bwd), TORCHOPS_STEP(rnn_bwd), c10::DeviceType::CPU, &route::cpu_loops,
                           {{&route::cpu_onednn, onednn_forward, onednn_backward},
+                           {&route::cpu_onednn_bf16, onednn_forward, onednn_backward, at::kBFloat16},
                            {&route::cpu_cudnn_standin, standin_forward, standin_backward}}};
 
 #undef TORCHOPS_STEP

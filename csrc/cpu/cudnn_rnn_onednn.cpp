@@ -1,7 +1,8 @@
 // oneDNN's fused LSTM for CudnnRNN on the CPU: lstm without projection, skip input or sequence lengths (the
 // cases it computes as the time loops do), for inference and for training without dropout between layers: its
-// packed weights and fused cell beat per-step GEMMs. float32 is the route cudnn_rnn.cpu.onednn; bfloat16 its dtype
-// variant cudnn_rnn.cpu.onednn_bf16 (oneDNN's bfloat16 LSTM, as torch.nn.LSTM runs under CPU autocast).
+// packed weights and fused cell beat per-step GEMMs. The CPU table lists these functions twice: for float32
+// (route cudnn_rnn.cpu.onednn) and for bfloat16 (cudnn_rnn.cpu.onednn_bf16: oneDNN's bfloat16 LSTM, as
+// torch.nn.LSTM runs under CPU autocast).
 #include "cpu/cudnn_rnn_onednn.h"
 
 #include <ATen/Context.h>
@@ -35,19 +36,16 @@ bool bf16_native() {
   return native;
 }
 
-// The route that serves x's dtype, or nullptr. (The orchestration checks the float32 route before the call.)
-const routes::Route* route_of(const Tensor& x) {
-  if (x.scalar_type() == at::kFloat) return &route::cpu_onednn;
-  if (x.scalar_type() == at::kBFloat16 && route::cpu_onednn_bf16.enabled() && bf16_native())
-    return &route::cpu_onednn_bf16;
-  return nullptr;
+// Whether oneDNN computes x's dtype here: float32, and bfloat16 where the CPU has it natively. (float64 runs the
+// time loops.)
+bool dtype_ok(const Tensor& x) {
+  return x.scalar_type() == at::kFloat || (x.scalar_type() == at::kBFloat16 && bf16_native());
 }
 
-const routes::Route* covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
+bool covers(const Cfg& c, const Tensor& x, const Tensor& lens, double dropout, bool is_training) {
   const bool shape_ok = c.mode == kLstm && c.P == 0 && !c.skip && !lens.defined() && c.B > 0 && c.I > 0 && c.T > 0;
   const bool train_ok = !is_training || !(dropout > 0.0 && c.L > 1);
-  if (!(shape_ok && train_ok && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn())) return nullptr;
-  return route_of(x);
+  return shape_ok && train_ok && dtype_ok(x) && at::hasMKLDNN() && at::globalContext().userEnabledMkldnn();
 }
 
 // What the backward needs from a training forward, per pseudo-layer as oneDNN returned them. It is owned by
@@ -57,7 +55,7 @@ struct OnednnState {
   std::vector<Tensor> out, hy, cy, ws;  // out [T, B, H], hy/cy [1, B, H], ws oneDNN's workspace
   std::vector<Tensor> inputs;           // layer l's input, l >= 1 ([T, B, D*H])
   int64_t out_version = 0;              // of out.back() (with one direction, the caller's output)
-  const routes::Route* route = nullptr;  // the route of the forward's dtype
+  at::ScalarType dtype = at::kFloat;    // of the forward's data
   void* memory = nullptr;               // the reserve's memory: header + unused space
   size_t bytes = 0;
 };
@@ -90,10 +88,9 @@ void delete_state(void* ctx) {
 std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, const Tensor& x, const Tensor& h0,
                                              const Tensor& c0, const Tensor& p, const Tensor& lens, double dropout,
                                              bool is_training, int64_t reserve_numel) {
-  const routes::Route* route = covers(c, x, lens, dropout, is_training);
-  if (route == nullptr) return std::nullopt;
+  if (!covers(c, x, lens, dropout, is_training)) return std::nullopt;
   auto state = std::make_unique<OnednnState>();
-  state->route = route;
+  state->dtype = x.scalar_type();
   // ATen's oneDNN lstm keeps its workspace only in grad mode. Nothing is recorded: the op's kernels run
   // below the autograd dispatch keys.
   const at::AutoGradMode grad_mode(is_training);
@@ -126,7 +123,6 @@ std::optional<LibraryForward> onednn_forward(const Cfg& c, const Layout& lay, co
   // With one direction the caller's output is oneDNN's own, which the backward reads: if it is changed in
   // place, the backward recomputes with the loops.
   r.out = layer_in.contiguous();
-  r.route = route == &route::cpu_onednn ? nullptr : route;
   if (is_training) {
     state->out_version = state->out.back()._version();
     state->bytes = static_cast<size_t>(reserve_numel) * x.element_size();
@@ -143,7 +139,7 @@ std::optional<LibraryBackward> onednn_backward(const Cfg& c, const Layout& lay, 
   const auto* s = static_cast<const OnednnState*>(reserve_state(reserve, &delete_state));
   if (s == nullptr || static_cast<int64_t>(s->ws.size()) != c.L * c.D || s->out.back()._version() != s->out_version)
     return std::nullopt;
-  if (s->route != route_of(x)) return std::nullopt;  // (the bfloat16 route switched off since the forward)
+  if (s->dtype != x.scalar_type()) return std::nullopt;
   // oneDNN returns float32 gradients for bfloat16 data too: they are kept so, and rounded once by the caller.
   const auto gopts = x.options().dtype(at::kFloat);
   const Tensor dh0 = at::empty({c.L * c.D, c.B, c.H}, gopts), dc0 = at::empty({c.L * c.D, c.B, c.H}, gopts);
@@ -172,7 +168,7 @@ std::optional<LibraryBackward> onednn_backward(const Cfg& c, const Layout& lay, 
     // (the layer below reads its output gradient in its data's dtype, as autograd gives it to torch.nn.LSTM)
     dY = l > 0 ? dX.to(x.scalar_type()) : dX;
   }
-  return LibraryBackward(T4{dY, dh0, dc0, dp}, s->route == &route::cpu_onednn ? nullptr : s->route);
+  return LibraryBackward(T4{dY, dh0, dc0, dp});
 }
 
 }  // namespace crnn

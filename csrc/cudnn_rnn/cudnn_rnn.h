@@ -52,19 +52,16 @@ struct PlParams {
 PlParams pl_params(const Cfg& c, const Layout& lay, const at::Tensor& p, int64_t pl);
 
 // What a library route's forward returns, time-major in the dtype of the tensors it was given. `reserve`
-// (training only) has the size the orchestration asked for; the orchestration writes its header. `route`: the
-// route that ran when it is not the entry's own (a dtype variant of the entry, see Kernels::LibraryRoute).
+// (training only) has the size the orchestration asked for; the orchestration writes its header.
 struct LibraryForward {
   at::Tensor out, hN, cN, reserve;
-  const routes::Route* route = nullptr;
 };
 using T4 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 // What a library route's backward returns: (dx, dh0, dc0, dp) in the compute dtype or the input dtype (the
-// orchestration rounds them to the input's and params' dtypes), and the route that ran as LibraryForward's.
+// orchestration rounds them to the input's and params' dtypes).
 struct LibraryBackward {
-  LibraryBackward(T4 g, const routes::Route* r = nullptr) : grads(std::move(g)), route(r) {}
+  LibraryBackward(T4 g) : grads(std::move(g)) {}
   T4 grads;
-  const routes::Route* route;
 };
 
 // The orchestration's header at the start of every reserve_space (a library route keeps its own data after it).
@@ -84,11 +81,9 @@ struct Kernels : StepKernels {
   const routes::Route* loops_route = nullptr;
   // Optional whole-op routes through a vendor library, tried in order after validation with time-major,
   // contiguous tensors; `lens` is the validated int32 lengths on the CPU (undefined when every length is T).
-  // nullopt leaves the case to the next route and finally to the time loops. float32 and float64 come in the
-  // compute dtype when the entry's route is enabled; float16 and bfloat16 come in their own dtype, which an entry
-  // serves only through a dtype variant: a route of its own that the entry checks and reports (`route` of its
-  // results). A training forward returns a reserve of `reserve_numel` elements (of the input dtype) that only its
-  // backward can use.
+  // nullopt leaves the case to the next route and finally to the time loops. An entry is tried only for the input
+  // dtypes it takes (`dtype`) and while its route is enabled, which then counts the run. A training forward
+  // returns a reserve of `reserve_numel` elements (of the input dtype) that only its backward can use.
   struct LibraryRoute {
     const routes::Route* route = nullptr;
     std::optional<LibraryForward> (*forward)(const Cfg& c, const Layout& lay, const at::Tensor& x,
@@ -101,8 +96,15 @@ struct Kernels : StepKernels {
                                                const at::Tensor& x, const at::Tensor& h0, const at::Tensor& c0,
                                                const at::Tensor& p, const at::Tensor& dY, const at::Tensor& dhN,
                                                const at::Tensor& dcN) = nullptr;
+    // Undefined: float32 and float64, given in that dtype. float16 or bfloat16: that input dtype only, given in it
+    // (the low-precision dtypes' other cases run the time loops in float32); an entry serves such a dtype through
+    // a route of its own, so that it is listed, switched and verified apart from the float32 one.
+    at::ScalarType dtype = at::ScalarType::Undefined;
+    bool takes(at::ScalarType t) const {
+      return dtype == at::ScalarType::Undefined ? t == at::kFloat || t == at::kDouble : t == dtype;
+    }
   };
-  LibraryRoute library[2] = {};
+  LibraryRoute library[3] = {};
 };
 
 using T5 = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;

@@ -632,11 +632,10 @@ T5 cudnn_rnn_forward(int version, const Tensor& input, const Tensor& input_h, co
   // The library entries get the input dtype (see Kernels::LibraryRoute); the time loops the compute dtype.
   const Prepped lib_in = prep_inputs(c, lay, input, input_h, input_c, params, tm, dt);
   for (const auto& library : k.library) {
-    if (library.forward == nullptr || (!low && !library.route->enabled())) continue;
+    if (library.forward == nullptr || !library.takes(dt) || !library.route->enabled()) continue;
     if (auto lib = library.forward(c, lay, lib_in.x, lib_in.h0, lib_in.c0, lib_in.p, host_lens, dropout, is_training,
                                    total * ratio)) {
-      TORCH_INTERNAL_ASSERT(!low || lib->route != nullptr, "a library route ran ", dt, " without its dtype variant");
-      (lib->route != nullptr ? lib->route : library.route)->ran();
+      library.route->ran();
       Tensor reserve = at::empty({0}, input.options());
       if (is_training) {
         TORCH_INTERNAL_ASSERT(lib->reserve.numel() == total * ratio);
@@ -741,17 +740,15 @@ T4 cudnn_rnn_backward(int version, const Tensor& input, const Tensor& input_h, c
     const Tensor dc_out = c.mode == kLstm ? finish(dc0, tm, dt) : at::zeros({}, input.options());
     return {finish(dx, tm, dt), finish(dh0, tm, dt), dc_out, params_backprop};
   };
-  const bool low = dt != cdt;
   const bool library = layout == kLibraryLayout;
   if (library) {  // the library entries get the input dtype, as in the forward
     const Prepped in = prep_inputs(c, lay, input, input_h, input_c, params, tm, dt);
     const Tensor dY = prep(output_backprop, tm, dt), dhN = prep(output_h_backprop, tm, dt);
     const Tensor dcN = c.mode == kLstm ? prep(output_c_backprop, tm, dt) : Tensor();
     for (const auto& lib : k.library) {
-      if (lib.backward == nullptr || (!low && !lib.route->enabled())) continue;
+      if (lib.backward == nullptr || !lib.takes(dt) || !lib.route->enabled()) continue;
       if (auto g = lib.backward(c, lay, buf, in.x, in.h0, in.c0, in.p, dY, dhN, dcN)) {
-        TORCH_INTERNAL_ASSERT(!low || g->route != nullptr, "a library route ran ", dt, " without its dtype variant");
-        (g->route != nullptr ? g->route : lib.route)->ran();
+        lib.route->ran();
         const T4& d = g->grads;
         return result(std::get<0>(d), std::get<1>(d), std::get<2>(d), std::get<3>(d));
       }
