@@ -224,6 +224,19 @@ Dims check_block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const a
 // GRU orchestration
 // ------------------------------------------------------------------------------------------------
 
+// The bfloat16 CPU loops' recurrent GEMMs by torchops' float32-output kernel (rnn.cpu.packed_avx512_bf16),
+// both or neither (then the loop runs ATen's bfloat16 GEMM).
+void bf16_step_gemms(std::optional<rnn_util::Bf16StepGemm>& a, const at::Tensor& wa,
+                     std::optional<rnn_util::Bf16StepGemm>& b, const at::Tensor& wb, bool trans) {
+  a.emplace(wa, trans);
+  if (!a->packed()) {
+    a.reset();
+    return;
+  }
+  b.emplace(wb, trans);
+  if (!b->packed()) a.reset(), b.reset();
+}
+
 // Forward of L steps. x3 [T,B,I], h_prev [B,C], weights contiguous; r,u,c,h [T,B,C] contiguous
 // outputs (steps >= L are zeroed by the caller). B, C > 0, L > 0.
 void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
@@ -248,6 +261,9 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
   const int64_t chunk0 = pre_done ? L : projection_chunk(L, B), chunks0 = (L + chunk0 - 1) / chunk0;
   const auto rec_ru_s = shared_step_gemm(wru_h, false, L), rec_c_s = shared_step_gemm(wc_h, false, L);
   const auto prj_ru_s = shared_step_gemm(wru_x, false, chunks0), prj_c_s = shared_step_gemm(wc_x, false, chunks0);
+  std::optional<rnn_util::Bf16StepGemm> rec_ru16, rec_c16;
+  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16 && L > 1)
+    bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, false);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     const at::Tensor xs = rows_of(x3, 1, b0, nb), hs = rows_of(h, 1, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
@@ -257,6 +273,8 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
     at::Tensor pre_c = pre_done ? rows_of(pre_c_all, 1, b0, nb) : at::empty({chunk, nb, C}, opts);
     at::Tensor hr = at::empty({nb, C}, opts);
     at::Tensor xbuf;
+    const at::Tensor ru32 = rec_ru16 ? at::empty({nb, 2 * C}, opts.dtype(at::kFloat)) : at::Tensor();
+    const at::Tensor c32 = rec_ru16 ? at::empty({nb, C}, opts.dtype(at::kFloat)) : at::Tensor();
     const int64_t chunks = (L + chunk - 1) / chunk;
     std::optional<StepGemm> l_rec_ru, l_rec_c, l_prj_ru, l_prj_c;
     const StepGemm& rec_ru = slice_gemm(rec_ru_s, l_rec_ru, wru_h, false, nb, L);
@@ -272,11 +290,17 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
       }
       const at::Tensor hp = t == 0 ? h0 : hs.select(0, t - 1);
       at::Tensor ru_t = pre_ru.select(0, t % chunk);
-      rec_ru.addmm(ru_t, hp);
+      if (rec_ru16)
+        rec_ru16->run_rounded(ru_t, hp, /*accumulate=*/true, ru32);
+      else
+        rec_ru.addmm(ru_t, hp);
       const at::Tensor u_t = us.select(0, t);
       k.gru_gates(ru_t, hp, rs.select(0, t), u_t, hr);
       at::Tensor c_t = pre_c.select(0, t % chunk);
-      rec_c.addmm(c_t, hr);
+      if (rec_c16)
+        rec_c16->run_rounded(c_t, hr, /*accumulate=*/true, c32);
+      else
+        rec_c.addmm(c_t, hr);
       k.gru_output(c_t, u_t, hp, cs.select(0, t), hs.select(0, t));
     }
   });
@@ -312,6 +336,9 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
   // A single step's backward runs unsplit: its transposed-weight GEMMs would re-pack the whole weight in
   // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
   const auto rec_c_s = shared_step_gemm(wc_h, true, loop_steps), rec_ru_s = shared_step_gemm(wru_h, true, loop_steps);
+  std::optional<rnn_util::Bf16StepGemm> rec_ru16, rec_c16;
+  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16 && loop_steps > 1)
+    bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, true);
   if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -325,6 +352,7 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
     at::Tensor carry = rows_of(dh_carry, 0, b0, nb);
     at::Tensor dh = at::empty({nb, C}, opts);
     at::Tensor d_hr = at::empty({nb, C}, opts);
+    const at::Tensor c32 = rec_c16 ? at::empty({nb, C}, opts.dtype(at::kFloat)) : at::Tensor();
     std::optional<StepGemm> l_rec_c, l_rec_ru;
     const StepGemm& rec_c = slice_gemm(rec_c_s, l_rec_c, wc_h, true, nb, L);
     const StepGemm& rec_ru = slice_gemm(rec_ru_s, l_rec_ru, wru_h, true, nb, L);
@@ -334,10 +362,16 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
       const at::Tensor dcb_t = dcbs.select(0, t), drbu_t = drbus.select(0, t);
       k.gru_backward_a(step(hgs, t), carry, gate(gus, t), gate(gcs, t), u_t, cs.select(0, t), hp, dh, dcb_t,
                        drbu_t);
-      rec_c.mm(d_hr, dcb_t);
+      if (rec_c16)
+        rec_c16->run_rounded(d_hr, dcb_t, /*accumulate=*/false, c32);
+      else
+        rec_c.mm(d_hr, dcb_t);
       k.gru_backward_b(d_hr, gate(grs, t), dh, r_t, u_t, hp, drbu_t, carry,
                        weight_grads ? hrs.select(0, t) : at::Tensor());
-      rec_ru.addmm(carry, drbu_t);
+      if (rec_ru16)
+        rec_ru16->run_rounded(carry, drbu_t, /*accumulate=*/true, c32);
+      else
+        rec_ru.addmm(carry, drbu_t);
     }
   });
   out.h_prev_grad = dh_carry;
@@ -599,6 +633,47 @@ void lstm_forward_mixed(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   out.co.narrow(0, 0, L).copy_(f32.co);
 }
 
+// lstm_forward_mixed in bfloat16 by torchops' kernel (route rnn.cpu.packed_avx512_bf16; `rec` packs w's h rows):
+// per batch slice and step, bias + x_t @ w_x + h_{t-1} @ w_h summed into one float32 row block (no pre-activation
+// rounded to bfloat16; the packed w_x stays in cache across the steps, so the projection needs no [T, B, 4C]
+// buffer), and the step's outputs rounded from float32 rows that stay in cache (the cell state carried in float32
+// between steps).
+void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                       const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                       const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
+                       bool ifco, const LstmOuts& out, const Kernels& k, const rnn_util::Bf16StepGemm& rec) {
+  const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
+  const auto o32 = x3.options().dtype(at::kFloat);
+  const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
+                   co32 = wco.to(at::kFloat), b32 = b.to(at::kFloat);
+  std::optional<rnn_util::Bf16StepGemm> prj;
+  if (I > 0) prj.emplace(w.narrow(0, 0, I), /*trans=*/false);
+  for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
+    const int64_t nb = b1 - b0;
+    auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
+    const LstmOuts o{s3(out.i), s3(out.cs), s3(out.f), s3(out.o), s3(out.ci), s3(out.co), s3(out.h)};
+    const at::Tensor xs = s3(x3), c0 = rows_of(cs0, 0, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
+    const at::Tensor g = at::empty({nb, 4 * C}, o32), bias = b32.expand({nb, 4 * C});
+    // i, f, o, ci, co and h of the step, and the cell state of the last two steps
+    const at::Tensor st = at::empty({6, nb, C}, o32), cs2 = at::empty({2, nb, C}, o32);
+    for (int64_t t = 0; t < L; ++t) {
+      g.copy_(bias);
+      if (prj) prj->run(g, xs.select(0, t), /*accumulate=*/true);
+      rec.run(g, t == 0 ? h0 : o.h.select(0, t - 1), /*accumulate=*/true);
+      const at::Tensor cs_t = cs2.select(0, t % 2);
+      k.lstm_forward(g, t == 0 ? c0 : cs2.select(0, (t + 1) % 2), ci32, cf32, co32, forget_bias, cell_clip,
+                     use_peephole, ifco, st[0], cs_t, st[1], st[2], st[3], st[4], st[5]);
+      o.i.select(0, t).copy_(st[0]);
+      o.cs.select(0, t).copy_(cs_t);
+      o.f.select(0, t).copy_(st[1]);
+      o.o.select(0, t).copy_(st[2]);
+      o.ci.select(0, t).copy_(st[3]);
+      o.co.select(0, t).copy_(st[4]);
+      o.h.select(0, t).copy_(st[5]);
+    }
+  });
+}
+
 void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
@@ -606,6 +681,14 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
   if (x3.is_cpu() && is_low(x3)) {
     if (route::cpu_float32_cell.enabled()) {
       route::cpu_float32_cell.ran();
+      // (one step: ATen's GEMM, packing the weight would cost as much)
+      std::optional<rnn_util::Bf16StepGemm> rec;
+      if (L > 1 && x3.scalar_type() == at::kBFloat16) rec.emplace(w.narrow(0, x3.size(2), cs_prev.size(1)), false);
+      if (rec && rec->packed()) {
+        lstm_forward_bf16(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
+                          k, *rec);
+        return;
+      }
       lstm_forward_mixed(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
                          k);
       return;
@@ -683,8 +766,9 @@ at::Tensor sum_tb(const at::Tensor& a, const at::Tensor& b) {
 
 // The time loop of the CPU backward of float16/bfloat16 (route block_rnn.cpu.float32_cell), as the forward: the
 // element-wise math on float32 copies of the activations with the state gradients carried in float32, the gate
-// gradients rounded once into `dgates` for the recurrent GEMM in the dtype; dh_carry and dcs_carry (the dtype's)
-// receive the final state gradients.
+// gradients rounded once into `dgates` for the recurrent GEMM in the dtype (in bfloat16 by torchops' kernel
+// where its route runs, dh straight into float32); dh_carry and dcs_carry (the dtype's) receive the final state
+// gradients.
 void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h, const at::Tensor& wci,
                                const at::Tensor& wcf, const at::Tensor& wco, const LstmOuts& fw,
                                const at::Tensor& cs_grad, const at::Tensor& h_grad, const at::Tensor& g_i,
@@ -702,6 +786,8 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
   const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
                    co32 = wco.to(at::kFloat);
   const at::Tensor zero = at::zeros({B, C}, o32), dh32 = at::zeros({B, C}, o32), dcs32 = at::zeros({B, C}, o32);
+  std::optional<rnn_util::Bf16StepGemm> rec;
+  if (input_grads && L > 1) rec.emplace(w_h, /*trans=*/true);
   for_batch_slices(cs_prev, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -721,7 +807,9 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
                       step(hgs, t), dh_s, step(csgs, t), gate(gis, t), gate(gfs, t), gate(gos, t), gate(gcis, t),
                       gate(gcos, t), use_peephole, ifco, dg32, dcs_s);
       dg_t.copy_(dg32);
-      if (input_grads) {
+      if (input_grads && rec && rec->packed()) {
+        rec->run(dh_s, dg_t, /*accumulate=*/false);
+      } else if (input_grads) {
         at::mm_out(dh_low, dg_t, w_h.t());
         dh_s.copy_(dh_low);
       }
