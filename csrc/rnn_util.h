@@ -151,6 +151,11 @@ class Bf16StepGemm {
                                reinterpret_cast<uint16_t*>(packed_.mutable_data_ptr()));
   }
   bool packed() const { return packed_.defined(); }
+  // dst (bfloat16, contiguous) = src (float32, contiguous, as many elements) rounded; only where packed().
+  static void round_into(const at::Tensor& dst, const at::Tensor& src) {
+    cpu::packed_gemm_bf16_round(src.const_data_ptr<float>(), src.numel(),
+                                reinterpret_cast<uint16_t*>(dst.mutable_data_ptr()));
+  }
   // out (bfloat16) = a @ op(w), or += with accumulate, the float32 sum rounded once; scratch32: float32 [M, N].
   void run_rounded(const at::Tensor& out, const at::Tensor& a, bool accumulate, const at::Tensor& scratch32) const {
     if (accumulate) scratch32.copy_(out);

@@ -633,11 +633,11 @@ void lstm_forward_mixed(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   out.co.narrow(0, 0, L).copy_(f32.co);
 }
 
-// lstm_forward_mixed in bfloat16 by torchops' kernel (route rnn.cpu.packed_avx512_bf16; `rec` packs w's h rows):
-// per batch slice and step, bias + x_t @ w_x + h_{t-1} @ w_h summed into one float32 row block (no pre-activation
-// rounded to bfloat16; the packed w_x stays in cache across the steps, so the projection needs no [T, B, 4C]
-// buffer), and the step's outputs rounded from float32 rows that stay in cache (the cell state carried in float32
-// between steps).
+// lstm_forward_mixed in bfloat16 by torchops' kernel (route rnn.cpu.packed_avx512_bf16; `rec` packs all of w):
+// per batch slice and step, bias + [x_t, h_{t-1}] @ w by one GEMM into a float32 row block (no pre-activation
+// rounded to bfloat16; the packed w stays in cache across the steps, so the projection needs no [T, B, 4C]
+// buffer, and one K = I + C GEMM passes over the block once), and the step's outputs rounded from float32 rows
+// that stay in cache (the cell state carried in float32 between steps).
 void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
@@ -646,8 +646,6 @@ void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at
   const auto o32 = x3.options().dtype(at::kFloat);
   const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
                    co32 = wco.to(at::kFloat), b32 = b.to(at::kFloat);
-  std::optional<rnn_util::Bf16StepGemm> prj;
-  if (I > 0) prj.emplace(w.narrow(0, 0, I), /*trans=*/false);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -656,20 +654,23 @@ void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at
     const at::Tensor g = at::empty({nb, 4 * C}, o32), bias = b32.expand({nb, 4 * C});
     // i, f, o, ci, co and h of the step, and the cell state of the last two steps
     const at::Tensor st = at::empty({6, nb, C}, o32), cs2 = at::empty({2, nb, C}, o32);
+    const at::Tensor xh = at::empty({nb, I + C}, x3.options());
     for (int64_t t = 0; t < L; ++t) {
+      xh.narrow(1, 0, I).copy_(xs.select(0, t));
+      xh.narrow(1, I, C).copy_(t == 0 ? h0 : o.h.select(0, t - 1));
       g.copy_(bias);
-      if (prj) prj->run(g, xs.select(0, t), /*accumulate=*/true);
-      rec.run(g, t == 0 ? h0 : o.h.select(0, t - 1), /*accumulate=*/true);
+      rec.run(g, xh, /*accumulate=*/true);
       const at::Tensor cs_t = cs2.select(0, t % 2);
       k.lstm_forward(g, t == 0 ? c0 : cs2.select(0, (t + 1) % 2), ci32, cf32, co32, forget_bias, cell_clip,
                      use_peephole, ifco, st[0], cs_t, st[1], st[2], st[3], st[4], st[5]);
-      o.i.select(0, t).copy_(st[0]);
-      o.cs.select(0, t).copy_(cs_t);
-      o.f.select(0, t).copy_(st[1]);
-      o.o.select(0, t).copy_(st[2]);
-      o.ci.select(0, t).copy_(st[3]);
-      o.co.select(0, t).copy_(st[4]);
-      o.h.select(0, t).copy_(st[5]);
+      using rnn_util::Bf16StepGemm;
+      Bf16StepGemm::round_into(o.i.select(0, t), st[0]);
+      Bf16StepGemm::round_into(o.cs.select(0, t), cs_t);
+      Bf16StepGemm::round_into(o.f.select(0, t), st[1]);
+      Bf16StepGemm::round_into(o.o.select(0, t), st[2]);
+      Bf16StepGemm::round_into(o.ci.select(0, t), st[3]);
+      Bf16StepGemm::round_into(o.co.select(0, t), st[4]);
+      Bf16StepGemm::round_into(o.h.select(0, t), st[5]);
     }
   });
 }
@@ -683,7 +684,7 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
       route::cpu_float32_cell.ran();
       // (one step: ATen's GEMM, packing the weight would cost as much)
       std::optional<rnn_util::Bf16StepGemm> rec;
-      if (L > 1 && x3.scalar_type() == at::kBFloat16) rec.emplace(w.narrow(0, x3.size(2), cs_prev.size(1)), false);
+      if (L > 1 && x3.scalar_type() == at::kBFloat16) rec.emplace(w, /*trans=*/false);
       if (rec && rec->packed()) {
         lstm_forward_bf16(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
                           k, *rec);
@@ -768,14 +769,16 @@ at::Tensor sum_tb(const at::Tensor& a, const at::Tensor& b) {
 // element-wise math on float32 copies of the activations with the state gradients carried in float32, the gate
 // gradients rounded once into `dgates` for the recurrent GEMM in the dtype (in bfloat16 by torchops' kernel
 // where its route runs, dh straight into float32); dh_carry and dcs_carry (the dtype's) receive the final state
-// gradients.
-void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h, const at::Tensor& wci,
-                               const at::Tensor& wcf, const at::Tensor& wco, const LstmOuts& fw,
+// gradients. With torchops' kernel and x_grad defined, each thread also computes its rows of x_grad = dgates @
+// w_x^T step by step while dgates_t is in its cache (each float32 sum rounded once, as ATen's GEMM after the loop
+// does), and it returns true.
+bool lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_x, const at::Tensor& w_h,
+                               const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco, const LstmOuts& fw,
                                const at::Tensor& cs_grad, const at::Tensor& h_grad, const at::Tensor& g_i,
                                const at::Tensor& g_f, const at::Tensor& g_o, const at::Tensor& g_ci,
                                const at::Tensor& g_co, int64_t L, bool use_peephole, bool ifco, bool input_grads,
                                const at::Tensor& dgates, const at::Tensor& dh_carry, const at::Tensor& dcs_carry,
-                               const Kernels& k) {
+                               const at::Tensor& x_grad, const Kernels& k) {
   const int64_t B = cs_prev.size(0), C = cs_prev.size(1);
   const auto o32 = cs_prev.options().dtype(at::kFloat);
   auto wide = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, 0, std::min(L, t.size(0))).to(at::kFloat) : t; };
@@ -786,8 +789,9 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
   const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
                    co32 = wco.to(at::kFloat);
   const at::Tensor zero = at::zeros({B, C}, o32), dh32 = at::zeros({B, C}, o32), dcs32 = at::zeros({B, C}, o32);
-  std::optional<rnn_util::Bf16StepGemm> rec;
+  std::optional<rnn_util::Bf16StepGemm> rec, xg;
   if (input_grads && L > 1) rec.emplace(w_h, /*trans=*/true);
+  if (rec && rec->packed() && x_grad.defined() && w_x.size(0) > 0) xg.emplace(w_x, /*trans=*/true);
   for_batch_slices(cs_prev, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -800,6 +804,8 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
     const at::Tensor dh_s = rows_of(dh32, 0, b0, nb), dcs_s = rows_of(dcs32, 0, b0, nb);
     const at::Tensor dg32 = at::empty({nb, 4 * C}, o32);
     at::Tensor dh_low = at::empty({nb, C}, dgates.options());
+    const at::Tensor xgs = xg ? s3(x_grad) : at::Tensor();
+    const at::Tensor xg32 = xg ? at::empty({nb, w_x.size(0)}, o32) : at::Tensor();
     for (int64_t t = L - 1; t >= 0; --t) {
       const at::Tensor dg_t = dgs.select(0, t);
       k.lstm_backward(fs.i.select(0, t), fs.cs.select(0, t), fs.f.select(0, t), fs.o.select(0, t),
@@ -813,10 +819,12 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
         at::mm_out(dh_low, dg_t, w_h.t());
         dh_s.copy_(dh_low);
       }
+      if (xg) xg->run_rounded(xgs.select(0, t), dg_t, /*accumulate=*/false, xg32);
     }
   });
   dh_carry.copy_(dh32);
   dcs_carry.copy_(dcs32);
+  return xg.has_value();
 }
 
 // Backward of L steps (with gradients arriving at the gate outputs too). `dgates` [L,B,4C] is a
@@ -846,10 +854,12 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
                                                   h_grad, cs_grad, g_i, g_f, g_o, g_ci, g_co, use_peephole, ifco, L,
                                                   dgates, dh_carry, out.cs_prev_grad});
   const bool mixed = !whole && x3.is_cpu() && is_low(x3) && route::cpu_float32_cell.enabled();
+  bool x_grad_done = false;
   if (mixed) {
     route::cpu_float32_cell.ran();
-    lstm_backward_steps_mixed(cs_prev, w_h, wci, wcf, wco, fw, cs_grad, h_grad, g_i, g_f, g_o, g_ci, g_co, L,
-                              use_peephole, ifco, input_grads, dgates, dh_carry, out.cs_prev_grad, k);
+    x_grad_done = lstm_backward_steps_mixed(cs_prev, w_x, w_h, wci, wcf, wco, fw, cs_grad, h_grad, g_i, g_f, g_o,
+                                            g_ci, g_co, L, use_peephole, ifco, input_grads, dgates, dh_carry,
+                                            out.cs_prev_grad, input_grads ? out.x_grad : at::Tensor(), k);
   } else if (x3.is_cpu() && is_low(x3)) {
     route::cpu_dtype_cell.ran();
   }
@@ -902,7 +912,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   if (!input_grads) return;
   out.h_prev_grad.copy_(dh_carry);
   const at::Tensor dg2d = dgates.view({L * B, 4 * C});
-  if (!own) mm_into(out.x_grad.narrow(0, 0, L).view({L * B, I}), dg2d, w_x.t());
+  if (!own && !x_grad_done) mm_into(out.x_grad.narrow(0, 0, L).view({L * B, I}), dg2d, w_x.t());
   // w_grad = [x_t, h_{t-1}]^T @ dgates over all steps as one GEMM (as TF's per-step xh, gathered once):
   // one K = L*B GEMM with I + C rows beats three (x rows, h_prev, h[0 : L-1]) by ~6 % at T=50 B=32.
   at::Tensor xh = at::empty({L * B, I + C}, opts);

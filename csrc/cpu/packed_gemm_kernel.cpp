@@ -75,6 +75,10 @@ void packed_gemm_bf16_compute(int64_t m, int64_t n, int64_t k, const uint16_t* a
                               const uint16_t* packed, bool accumulate, float* c, int64_t ldc) {
   packed_gemm_loops<2>().bf16_compute(m, n, k, a, lda, packed, accumulate, c, ldc);
 }
+
+void packed_gemm_bf16_round(const float* src, int64_t n, uint16_t* dst) {
+  packed_gemm_loops<2>().bf16_round(src, n, dst);
+}
 #else
 // Never called: packed_gemm_variant() is -1 without the AVX2 and AVX-512 builds.
 int64_t packed_gemm_size(int, int64_t, int64_t) { TORCH_CHECK(false, "torchops: no packed GEMM in this build"); }
@@ -92,6 +96,9 @@ void packed_gemm_bf16_pack(const uint16_t*, int64_t, bool, int64_t, int64_t, uin
 }
 void packed_gemm_bf16_compute(int64_t, int64_t, int64_t, const uint16_t*, int64_t, const uint16_t*, bool, float*,
                               int64_t) {
+  TORCH_CHECK(false, "torchops: no packed GEMM in this build");
+}
+void packed_gemm_bf16_round(const float*, int64_t, uint16_t*) {
   TORCH_CHECK(false, "torchops: no packed GEMM in this build");
 }
 #endif

@@ -208,7 +208,19 @@ void bf16_pack_panels(int64_t p0, int64_t p1, const uint16_t* b, int64_t ldb, bo
         for (int64_t r = 0; r < k; ++r) d[(r / 2) * 2 * kBNR + 2 * j + (r % 2)] = src[r];
       }
     } else {
-      for (int64_t r = 0; r < k; ++r) {
+      int64_t r0 = 0;
+      if (nv == kBNR) {  // two rows at a time, interleaved by vector permutes (scalar stores were most of the pack)
+        alignas(64) static const uint16_t lo_idx[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                        37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                        11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+        const __m512i lo = _mm512_load_si512(lo_idx), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+        for (; r0 + 1 < k; r0 += 2) {
+          const __m512i x0 = _mm512_loadu_si512(b + r0 * ldb + j0), x1 = _mm512_loadu_si512(b + (r0 + 1) * ldb + j0);
+          _mm512_storeu_si512(d + r0 * kBNR, _mm512_permutex2var_epi16(x0, lo, x1));
+          _mm512_storeu_si512(d + r0 * kBNR + kBNR, _mm512_permutex2var_epi16(x0, hi, x1));
+        }
+      }
+      for (int64_t r = r0; r < k; ++r) {
         uint16_t* dr = d + (r / 2) * 2 * kBNR + (r % 2);
         const uint16_t* src = b + r * ldb + j0;
         for (int64_t j = 0; j < nv; ++j) dr[2 * j] = src[j];
@@ -326,6 +338,18 @@ void bf16_compute(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t ld
     bf16_compute_panels(p0, p1, m, n, k, a, lda, packed, accumulate, c, ldc);
   });
 }
+
+// dst[i] = src[i] rounded to bfloat16 (to nearest even, as c10::BFloat16), 16 at a time.
+TORCHOPS_BF16_TARGET void bf16_round(const float* src, int64_t n, uint16_t* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+  if (i < n) {
+    const __mmask16 mk = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m256i v = (__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mk, src + i));
+    _mm256_mask_storeu_epi16(dst + i, mk, v);
+  }
+}
 #undef TORCHOPS_BF16_TARGET
 #endif
 
@@ -336,9 +360,9 @@ template <>
 const PackedGemmLoops& packed_gemm_loops<TORCHOPS_CPU_CAPABILITY>() {
   using namespace TORCHOPS_CPU_CAPABILITY_NAMESPACE;
 #if TORCHOPS_CPU_CAPABILITY == 2
-  static const PackedGemmLoops k{pack_size, pack, compute, bf16_pack_size, bf16_pack, bf16_compute};
+  static const PackedGemmLoops k{pack_size, pack, compute, bf16_pack_size, bf16_pack, bf16_compute, bf16_round};
 #else
-  static const PackedGemmLoops k{pack_size, pack, compute, nullptr, nullptr, nullptr};
+  static const PackedGemmLoops k{pack_size, pack, compute, nullptr, nullptr, nullptr, nullptr};
 #endif
   return k;
 }
