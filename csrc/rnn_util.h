@@ -156,11 +156,18 @@ class Bf16StepGemm {
     cpu::packed_gemm_bf16_round(src.const_data_ptr<float>(), src.numel(),
                                 reinterpret_cast<uint16_t*>(dst.mutable_data_ptr()));
   }
-  // out (bfloat16) = a @ op(w), or += with accumulate, the float32 sum rounded once; scratch32: float32 [M, N].
+  // dst (float32, contiguous) = src (bfloat16, contiguous, as many elements); only where packed().
+  static void widen_into(const at::Tensor& dst, const at::Tensor& src) {
+    cpu::packed_gemm_bf16_widen(reinterpret_cast<const uint16_t*>(src.const_data_ptr()), src.numel(),
+                                dst.mutable_data_ptr<float>());
+  }
+  // out (bfloat16) = a @ op(w), or += with accumulate, the float32 sum rounded once; scratch32: float32 [M, N],
+  // contiguous.
   void run_rounded(const at::Tensor& out, const at::Tensor& a, bool accumulate, const at::Tensor& scratch32) const {
-    if (accumulate) scratch32.copy_(out);
+    const bool flat = out.is_contiguous();
+    if (accumulate) flat ? widen_into(scratch32, out) : void(scratch32.copy_(out));
     run(scratch32, a, accumulate);
-    out.copy_(scratch32);
+    flat ? round_into(out, scratch32) : void(out.copy_(scratch32));
   }
   // out32 (float32 [M, N], unit column stride) = a @ op(w), or += with accumulate; a: bfloat16 [M, K].
   void run(const at::Tensor& out32, const at::Tensor& a, bool accumulate) const {

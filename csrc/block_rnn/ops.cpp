@@ -781,7 +781,17 @@ bool lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_x,
                                const at::Tensor& x_grad, const Kernels& k) {
   const int64_t B = cs_prev.size(0), C = cs_prev.size(1);
   const auto o32 = cs_prev.options().dtype(at::kFloat);
-  auto wide = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, 0, std::min(L, t.size(0))).to(at::kFloat) : t; };
+  std::optional<rnn_util::Bf16StepGemm> rec, xg;
+  if (input_grads && L > 1) rec.emplace(w_h, /*trans=*/true);
+  if (rec && rec->packed() && x_grad.defined() && w_x.size(0) > 0) xg.emplace(w_x, /*trans=*/true);
+  // With torchops' kernel each thread widens its rows of a step into cache-resident float32 rows (vector
+  // conversions), not whole [L, B, C] float32 copies of every activation and incoming gradient.
+  const bool per_step = rec && rec->packed();
+  auto wide = [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    const at::Tensor r = t.narrow(0, 0, std::min(L, t.size(0)));
+    return per_step ? r.contiguous() : r.to(at::kFloat);
+  };
   const LstmOuts f{wide(fw.i), wide(fw.cs), wide(fw.f), wide(fw.o), wide(fw.ci), wide(fw.co), at::Tensor()};
   const at::Tensor hg = wide(h_grad), csg = wide(cs_grad), gi = wide(g_i), gf = wide(g_f), go = wide(g_o),
                    gci = wide(g_ci), gco = wide(g_co);
@@ -789,9 +799,6 @@ bool lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_x,
   const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
                    co32 = wco.to(at::kFloat);
   const at::Tensor zero = at::zeros({B, C}, o32), dh32 = at::zeros({B, C}, o32), dcs32 = at::zeros({B, C}, o32);
-  std::optional<rnn_util::Bf16StepGemm> rec, xg;
-  if (input_grads && L > 1) rec.emplace(w_h, /*trans=*/true);
-  if (rec && rec->packed() && x_grad.defined() && w_x.size(0) > 0) xg.emplace(w_x, /*trans=*/true);
   for_batch_slices(cs_prev, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -799,8 +806,23 @@ bool lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_x,
     const at::Tensor zs = rows_of(zero, 0, b0, nb), c0 = rows_of(cs0, 0, b0, nb), dgs = s3(dgates);
     const at::Tensor hgs = s3(hg), csgs = s3(csg), gis = s3(gi), gfs = s3(gf), gos = s3(go), gcis = s3(gci),
                      gcos = s3(gco);
-    auto step = [&](const at::Tensor& t3, int64_t t) { return t3.defined() ? t3.select(0, t) : zs; };
-    auto gate = [&](const at::Tensor& t3, int64_t t) { return !any_gate ? at::Tensor() : step(t3, t); };
+    // (per_step: step t's rows of the 12 inputs below, and cs in two alternating rows)
+    const at::Tensor rows = per_step ? at::empty({14, nb, C}, o32) : at::Tensor();
+    auto row = [&](const at::Tensor& t3, int64_t t, int64_t slot) {
+      if (!per_step) return t3.select(0, t);
+      const at::Tensor r = rows.select(0, slot);
+      rnn_util::Bf16StepGemm::widen_into(r, t3.select(0, t));
+      return r;
+    };
+    auto step = [&](const at::Tensor& t3, int64_t t, int64_t slot) { return t3.defined() ? row(t3, t, slot) : zs; };
+    auto gate = [&](const at::Tensor& t3, int64_t t, int64_t slot) {
+      return !any_gate ? at::Tensor() : step(t3, t, slot);
+    };
+    // cs_{t-1}: widened at step t, it is step t-1's cs
+    auto cs_at = [&](int64_t t) {
+      if (!per_step) return fs.cs.select(0, t);
+      return t == L - 1 ? row(fs.cs, t, 12 + t % 2) : rows.select(0, 12 + t % 2);
+    };
     const at::Tensor dh_s = rows_of(dh32, 0, b0, nb), dcs_s = rows_of(dcs32, 0, b0, nb);
     const at::Tensor dg32 = at::empty({nb, 4 * C}, o32);
     at::Tensor dh_low = at::empty({nb, C}, dgates.options());
@@ -808,11 +830,15 @@ bool lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_x,
     const at::Tensor xg32 = xg ? at::empty({nb, w_x.size(0)}, o32) : at::Tensor();
     for (int64_t t = L - 1; t >= 0; --t) {
       const at::Tensor dg_t = dgs.select(0, t);
-      k.lstm_backward(fs.i.select(0, t), fs.cs.select(0, t), fs.f.select(0, t), fs.o.select(0, t),
-                      fs.ci.select(0, t), fs.co.select(0, t), t == 0 ? c0 : fs.cs.select(0, t - 1), ci32, cf32, co32,
-                      step(hgs, t), dh_s, step(csgs, t), gate(gis, t), gate(gfs, t), gate(gos, t), gate(gcis, t),
-                      gate(gcos, t), use_peephole, ifco, dg32, dcs_s);
-      dg_t.copy_(dg32);
+      const at::Tensor cs_t = cs_at(t), csp = t == 0 ? c0 : row(fs.cs, t - 1, 12 + (t - 1) % 2);
+      k.lstm_backward(row(fs.i, t, 0), cs_t, row(fs.f, t, 1), row(fs.o, t, 2), row(fs.ci, t, 3), row(fs.co, t, 4),
+                      csp, ci32, cf32, co32, step(hgs, t, 5), dh_s, step(csgs, t, 6), gate(gis, t, 7),
+                      gate(gfs, t, 8), gate(gos, t, 9), gate(gcis, t, 10), gate(gcos, t, 11), use_peephole, ifco,
+                      dg32, dcs_s);
+      if (per_step && dg_t.is_contiguous())
+        rnn_util::Bf16StepGemm::round_into(dg_t, dg32);
+      else
+        dg_t.copy_(dg32);
       if (input_grads && rec && rec->packed()) {
         rec->run(dh_s, dg_t, /*accumulate=*/false);
       } else if (input_grads) {

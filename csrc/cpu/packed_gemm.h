@@ -59,5 +59,8 @@ void packed_gemm_bf16_compute(int64_t m, int64_t n, int64_t k, const uint16_t* a
 // (one vector instruction per 16 values instead of an ATen copy per small block).
 void packed_gemm_bf16_round(const float* src, int64_t n, uint16_t* dst);
 
+// dst[i] = src[i] (bfloat16) as float32, i < n (exact).
+void packed_gemm_bf16_widen(const uint16_t* src, int64_t n, float* dst);
+
 }  // namespace cpu
 }  // namespace torchops

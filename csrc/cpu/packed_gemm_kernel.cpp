@@ -79,6 +79,10 @@ void packed_gemm_bf16_compute(int64_t m, int64_t n, int64_t k, const uint16_t* a
 void packed_gemm_bf16_round(const float* src, int64_t n, uint16_t* dst) {
   packed_gemm_loops<2>().bf16_round(src, n, dst);
 }
+
+void packed_gemm_bf16_widen(const uint16_t* src, int64_t n, float* dst) {
+  packed_gemm_loops<2>().bf16_widen(src, n, dst);
+}
 #else
 // Never called: packed_gemm_variant() is -1 without the AVX2 and AVX-512 builds.
 int64_t packed_gemm_size(int, int64_t, int64_t) { TORCH_CHECK(false, "torchops: no packed GEMM in this build"); }
@@ -99,6 +103,9 @@ void packed_gemm_bf16_compute(int64_t, int64_t, int64_t, const uint16_t*, int64_
   TORCH_CHECK(false, "torchops: no packed GEMM in this build");
 }
 void packed_gemm_bf16_round(const float*, int64_t, uint16_t*) {
+  TORCH_CHECK(false, "torchops: no packed GEMM in this build");
+}
+void packed_gemm_bf16_widen(const uint16_t*, int64_t, float*) {
   TORCH_CHECK(false, "torchops: no packed GEMM in this build");
 }
 #endif

@@ -350,6 +350,20 @@ TORCHOPS_BF16_TARGET void bf16_round(const float* src, int64_t n, uint16_t* dst)
     _mm256_mask_storeu_epi16(dst + i, mk, v);
   }
 }
+
+// dst[i] = src[i] (bfloat16) as float32, 16 at a time (exact: the bits shifted into the high half).
+void bf16_widen(const uint16_t* src, int64_t n, float* dst) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)));
+    _mm512_storeu_ps(dst + i, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+  }
+  if (i < n) {
+    const __mmask16 mk = static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(mk, src + i));
+    _mm512_mask_storeu_ps(dst + i, mk, _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)));
+  }
+}
 #undef TORCHOPS_BF16_TARGET
 #endif
 
@@ -360,9 +374,10 @@ template <>
 const PackedGemmLoops& packed_gemm_loops<TORCHOPS_CPU_CAPABILITY>() {
   using namespace TORCHOPS_CPU_CAPABILITY_NAMESPACE;
 #if TORCHOPS_CPU_CAPABILITY == 2
-  static const PackedGemmLoops k{pack_size, pack, compute, bf16_pack_size, bf16_pack, bf16_compute, bf16_round};
+  static const PackedGemmLoops k{pack_size, pack, compute, bf16_pack_size, bf16_pack, bf16_compute, bf16_round,
+                                 bf16_widen};
 #else
-  static const PackedGemmLoops k{pack_size, pack, compute, nullptr, nullptr, nullptr, nullptr};
+  static const PackedGemmLoops k{pack_size, pack, compute, nullptr, nullptr, nullptr, nullptr, nullptr};
 #endif
   return k;
 }

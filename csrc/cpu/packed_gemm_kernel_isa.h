@@ -20,6 +20,7 @@ struct PackedGemmLoops {
   void (*bf16_compute)(int64_t m, int64_t n, int64_t k, const uint16_t* a, int64_t lda, const uint16_t* packed,
                        bool accumulate, float* c, int64_t ldc);
   void (*bf16_round)(const float* src, int64_t n, uint16_t* dst);
+  void (*bf16_widen)(const uint16_t* src, int64_t n, float* dst);
 };
 
 TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE(PackedGemmLoops, packed_gemm_loops);
