@@ -648,29 +648,41 @@ void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at
                    co32 = wco.to(at::kFloat), b32 = b.to(at::kFloat);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
-    auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
-    const LstmOuts o{s3(out.i), s3(out.cs), s3(out.f), s3(out.o), s3(out.ci), s3(out.co), s3(out.h)};
-    const at::Tensor xs = s3(x3), c0 = rows_of(cs0, 0, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
-    const at::Tensor g = at::empty({nb, 4 * C}, o32), bias = b32.expand({nb, 4 * C});
+    const at::Tensor c0 = rows_of(cs0, 0, b0, nb);
+    const at::Tensor g = at::empty({nb, 4 * C}, o32);
     // i, f, o, ci, co and h of the step, and the cell state of the last two steps
     const at::Tensor st = at::empty({6, nb, C}, o32), cs2 = at::empty({2, nb, C}, o32);
+    const at::Tensor s_i = st[0], s_f = st[1], s_o = st[2], s_ci = st[3], s_co = st[4], s_h = st[5];
+    const at::Tensor cs_even = cs2[0], cs_odd = cs2[1];
     const at::Tensor xh = at::empty({nb, I + C}, x3.options());
+    // (raw rows: a step's ATen views and copies cost more than its element-wise work here)
+    using Bits = uint16_t;
+    auto bits = [](const at::Tensor& t) { return reinterpret_cast<Bits*>(t.mutable_data_ptr()); };
+    Bits* const xhp = bits(xh);
+    const Bits *const xp = reinterpret_cast<const Bits*>(x3.const_data_ptr()) + b0 * I,
+                      *const h0p = reinterpret_cast<const Bits*>(h_prev.const_data_ptr()) + b0 * C;
+    float* const gp = g.mutable_data_ptr<float>();
+    const float* const bp = b32.const_data_ptr<float>();
+    auto out_rows = [&](const at::Tensor& t3, int64_t t) { return bits(t3) + (t * B + b0) * C; };
     for (int64_t t = 0; t < L; ++t) {
-      xh.narrow(1, 0, I).copy_(xs.select(0, t));
-      xh.narrow(1, I, C).copy_(t == 0 ? h0 : o.h.select(0, t - 1));
-      g.copy_(bias);
+      const Bits* hp = t == 0 ? h0p : out_rows(out.h, t - 1);
+      for (int64_t r = 0; r < nb; ++r) {
+        std::memcpy(xhp + r * (I + C), xp + (t * B + r) * I, I * sizeof(Bits));
+        std::memcpy(xhp + r * (I + C) + I, hp + r * C, C * sizeof(Bits));
+        std::memcpy(gp + r * 4 * C, bp, 4 * C * sizeof(float));
+      }
       rec.run(g, xh, /*accumulate=*/true);
-      const at::Tensor cs_t = cs2.select(0, t % 2);
-      k.lstm_forward(g, t == 0 ? c0 : cs2.select(0, (t + 1) % 2), ci32, cf32, co32, forget_bias, cell_clip,
-                     use_peephole, ifco, st[0], cs_t, st[1], st[2], st[3], st[4], st[5]);
-      using rnn_util::Bf16StepGemm;
-      Bf16StepGemm::round_into(o.i.select(0, t), st[0]);
-      Bf16StepGemm::round_into(o.cs.select(0, t), cs_t);
-      Bf16StepGemm::round_into(o.f.select(0, t), st[1]);
-      Bf16StepGemm::round_into(o.o.select(0, t), st[2]);
-      Bf16StepGemm::round_into(o.ci.select(0, t), st[3]);
-      Bf16StepGemm::round_into(o.co.select(0, t), st[4]);
-      Bf16StepGemm::round_into(o.h.select(0, t), st[5]);
+      const at::Tensor& cs_t = t % 2 ? cs_odd : cs_even;
+      k.lstm_forward(g, t == 0 ? c0 : (t % 2 ? cs_even : cs_odd), ci32, cf32, co32, forget_bias, cell_clip,
+                     use_peephole, ifco, s_i, cs_t, s_f, s_o, s_ci, s_co, s_h);
+      const int64_t n = nb * C;
+      cpu::packed_gemm_bf16_round(s_i.const_data_ptr<float>(), n, out_rows(out.i, t));
+      cpu::packed_gemm_bf16_round(cs_t.const_data_ptr<float>(), n, out_rows(out.cs, t));
+      cpu::packed_gemm_bf16_round(s_f.const_data_ptr<float>(), n, out_rows(out.f, t));
+      cpu::packed_gemm_bf16_round(s_o.const_data_ptr<float>(), n, out_rows(out.o, t));
+      cpu::packed_gemm_bf16_round(s_ci.const_data_ptr<float>(), n, out_rows(out.ci, t));
+      cpu::packed_gemm_bf16_round(s_co.const_data_ptr<float>(), n, out_rows(out.co, t));
+      cpu::packed_gemm_bf16_round(s_h.const_data_ptr<float>(), n, out_rows(out.h, t));
     }
   });
 }
@@ -685,7 +697,10 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
       // (one step: ATen's GEMM, packing the weight would cost as much)
       std::optional<rnn_util::Bf16StepGemm> rec;
       if (L > 1 && x3.scalar_type() == at::kBFloat16) rec.emplace(w, /*trans=*/false);
-      if (rec && rec->packed()) {
+      const bool flat = x3.is_contiguous() && h_prev.is_contiguous() && out.i.is_contiguous() &&
+                        out.cs.is_contiguous() && out.f.is_contiguous() && out.o.is_contiguous() &&
+                        out.ci.is_contiguous() && out.co.is_contiguous() && out.h.is_contiguous();
+      if (rec && rec->packed() && flat) {
         lstm_forward_bf16(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
                           k, *rec);
         return;
