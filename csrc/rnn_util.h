@@ -130,6 +130,59 @@ class StepGemm {
   at::Tensor packed_;
 };
 
+// The recurrent GEMM of a bfloat16 CPU time loop with float32 output, out32 (+)= a @ op(w): w (bfloat16
+// [K, N], trans: [N, K], unit column stride) packed once per call for torchops' AVX-512 BF16 kernel, shared by
+// the batch-slice threads. packed() is false where the kernel's route is off or the CPU lacks it (the callers
+// then run ATen's bfloat16 GEMM, route rnn.cpu.aten_bf16); built outside the slices, its packing splits over
+// the threads.
+class Bf16StepGemm {
+ public:
+  Bf16StepGemm(const at::Tensor& w, bool trans) {
+    if (!w.is_cpu() || w.scalar_type() != at::kBFloat16) return;
+    if (w.stride(1) != 1 || w.numel() == 0 || !cpu::packed_gemm_bf16_available()) {
+      cpu::gemm_route::aten_bf16.ran();
+      return;
+    }
+    cpu::gemm_route::packed_avx512_bf16.ran();
+    n_ = trans ? w.size(0) : w.size(1);
+    k_ = trans ? w.size(1) : w.size(0);
+    packed_ = at::empty({cpu::packed_gemm_bf16_size(k_, n_)}, w.options());
+    cpu::packed_gemm_bf16_pack(bits(w), w.stride(0), trans, k_, n_,
+                               reinterpret_cast<uint16_t*>(packed_.mutable_data_ptr()));
+  }
+  bool packed() const { return packed_.defined(); }
+  // dst (bfloat16, contiguous) = src (float32, contiguous, as many elements) rounded; only where packed().
+  static void round_into(const at::Tensor& dst, const at::Tensor& src) {
+    cpu::packed_gemm_bf16_round(src.const_data_ptr<float>(), src.numel(),
+                                reinterpret_cast<uint16_t*>(dst.mutable_data_ptr()));
+  }
+  // dst (float32, contiguous) = src (bfloat16, contiguous, as many elements); only where packed().
+  static void widen_into(const at::Tensor& dst, const at::Tensor& src) {
+    cpu::packed_gemm_bf16_widen(reinterpret_cast<const uint16_t*>(src.const_data_ptr()), src.numel(),
+                                dst.mutable_data_ptr<float>());
+  }
+  // out (bfloat16) = a @ op(w), or += with accumulate, the float32 sum rounded once; scratch32: float32 [M, N],
+  // contiguous.
+  void run_rounded(const at::Tensor& out, const at::Tensor& a, bool accumulate, const at::Tensor& scratch32) const {
+    const bool flat = out.is_contiguous();
+    if (accumulate) flat ? widen_into(scratch32, out) : void(scratch32.copy_(out));
+    run(scratch32, a, accumulate);
+    flat ? round_into(out, scratch32) : void(out.copy_(scratch32));
+  }
+  // out32 (float32 [M, N], unit column stride) = a @ op(w), or += with accumulate; a: bfloat16 [M, K].
+  void run(const at::Tensor& out32, const at::Tensor& a, bool accumulate) const {
+    const at::Tensor ac = a.stride(1) == 1 && (a.size(0) == 1 || a.stride(0) >= k_) ? a : a.contiguous();
+    cpu::packed_gemm_bf16_compute(ac.size(0), n_, k_, bits(ac), ac.size(0) == 1 ? k_ : ac.stride(0),
+                                  reinterpret_cast<const uint16_t*>(packed_.const_data_ptr()), accumulate,
+                                  out32.mutable_data_ptr<float>(), out32.stride(0));
+  }
+
+ private:
+  static const uint16_t* bits(const at::Tensor& t) { return reinterpret_cast<const uint16_t*>(t.const_data_ptr()); }
+  int64_t n_ = 0, k_ = 0;
+  at::Tensor packed_;
+};
+
 // The batch-slice threads of a time loop (for_batch_slices) share one StepGemm of w when torchops' kernel
 // takes it: its packed weight serves any number of rows, so it is packed once before the slices, over all
 // threads, instead of once per slice (each thread packed the whole weight). Else none: each slice builds

@@ -7,6 +7,7 @@ same model in float32 (low-precision tolerances) and torch.nn's equivalents unde
 variants run when a GPU is present."""
 import contextlib
 import copy
+import pathlib
 
 import pytest
 import torch
@@ -643,6 +644,115 @@ def test_block_lstm_cell_ops_take_the_float32_cell_route():
         res[route] = list(fw) + list(grads)
     for i, (a, b_) in enumerate(zip(res[CELL_ROUTE], res[DTYPE_CELL])):
         _close_bf16(a, b_, f"result {i}")
+
+
+# The bfloat16 recurrent GEMMs of the CPU loops (BlockLSTM's float32 cell route, BlockGRU): torchops' packed
+# vdpbf16ps kernel with float32 output (rnn.cpu.packed_avx512_bf16) against ATen's bfloat16 GEMM and float32
+
+BF16_GEMM, ATEN_BF16 = "rnn.cpu.packed_avx512_bf16", "rnn.cpu.aten_bf16"
+
+
+def _cpu_runs_bf16_gemm():
+    try:
+        flags = pathlib.Path("/proc/cpuinfo").read_text().split()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags and torchops.backends.cpu.get_cpu_capability() == "avx512"
+
+
+needs_bf16_gemm = pytest.mark.skipif(not _cpu_runs_bf16_gemm(),
+                                     reason="rnn.cpu.packed_avx512_bf16 needs a CPU with AVX-512 BF16 "
+                                            "(avx512_bf16 in /proc/cpuinfo) and the AVX-512 capability in use")
+
+# (T, B, I, C, threads): k = C (forward) odd, n = 4C / 2C / C not a multiple of the 32-column panel, a thread's
+# rows (m) not a multiple of the 8-row tile, m = 1, k = 1, the batch split over two threads, and k = 4C = 1040
+# (LSTM backward) past one 1024-deep pass.
+BF16_GEMM_SHAPES = [(5, 19, 7, 40, 2), (4, 5, 3, 5, 1), (3, 2, 4, 1, 2), (3, 1, 2, 9, 1), (2, 9, 5, 260, 1)]
+
+
+def _rnn_leaves(kind, T, B, I, C, seed=21):
+    # (weights scaled with their fan-in: pre-activations of order 1, as initialised models have)
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s, scale=0.5: (torch.randn(*s, generator=g) * scale).requires_grad_()  # noqa: E731
+    ws = (I + C) ** -0.5
+    if kind == "lstm":
+        return [r(T, B, I), r(B, C), r(B, C), r(I + C, 4 * C, scale=ws), r(C), r(C), r(C), r(4 * C)]
+    return [r(T, B, I), r(B, C), r(I + C, 2 * C, scale=ws), r(I + C, C, scale=ws), r(2 * C), r(C)]
+
+
+def _rnn_run(kind, leaves, dtype, routes):
+    """block_lstm_v2 (peepholes) or block_gru on `leaves` cast to `dtype` with `routes` forced: the outputs and
+    the gradients of a weighted sum of them."""
+    g = torch.Generator().manual_seed(22)
+    args = [a.to(dtype) for a in leaves]
+    T = leaves[0].shape[0]
+    with contextlib.ExitStack() as stack:
+        for route in routes:
+            stack.enter_context(forced_route(route))
+        if kind == "lstm":
+            outs = ops.block_lstm_v2(torch.tensor(T), *args, use_peephole=True, cell_clip=1.5)
+        else:
+            outs = ops.block_gru(torch.tensor(T), *args)
+        loss = sum((o.float() * torch.randn(o.shape, generator=g)).sum() for o in outs)
+        grads = torch.autograd.grad(loss, leaves)
+    return list(outs), list(grads)
+
+
+def _bf16_gemm_routes(kind, gemm_route):
+    return [CELL_ROUTE, gemm_route] if kind == "lstm" else [gemm_route]
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("T,B,I,C,threads", BF16_GEMM_SHAPES)
+def test_bf16_loops_with_aten_gemm_match_float32(kind, T, B, I, C, threads, restore_threads):
+    torch.set_num_threads(threads)
+    leaves = _rnn_leaves(kind, T, B, I, C)
+    hits = torchops.backends.hits(BF16_GEMM)
+    outs, grads = _rnn_run(kind, leaves, BF16, _bf16_gemm_routes(kind, ATEN_BF16))
+    assert torchops.backends.hits(BF16_GEMM) == hits
+    ref_outs, ref_grads = _rnn_run(kind, leaves, F32, [])
+    for i, (a, b) in enumerate(zip(outs + grads, ref_outs + ref_grads)):
+        _close_bf16(a, b, f"result {i}")
+
+
+@needs_bf16_gemm
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+@pytest.mark.parametrize("T,B,I,C,threads", BF16_GEMM_SHAPES)
+def test_bf16_packed_gemm_matches_float32_and_aten(kind, T, B, I, C, threads, restore_threads):
+    # The kernel's sums are float32 ones in another order than ATen's: the results agree with ATen's path to
+    # bfloat16 rounding (a missing or misplaced term of the packed layout would be off by far more), and with
+    # the float32 op within bfloat16 tolerances. BlockGRU rounds each GEMM's float32 sum once, as ATen does, so
+    # there the bound is one bfloat16 rounding step of the result; BlockLSTM no longer rounds the pre-activations
+    # (ATen's path does), so its results differ from ATen's by bfloat16 rounding through the cell.
+    torch.set_num_threads(threads)
+    leaves = _rnn_leaves(kind, T, B, I, C)
+    hits = torchops.backends.hits(ATEN_BF16)
+    outs, grads = _rnn_run(kind, leaves, BF16, _bf16_gemm_routes(kind, BF16_GEMM))
+    assert torchops.backends.hits(ATEN_BF16) == hits
+    aten_outs, aten_grads = _rnn_run(kind, leaves, BF16, _bf16_gemm_routes(kind, ATEN_BF16))
+    ref_outs, ref_grads = _rnn_run(kind, leaves, F32, [])
+    for i, (a, b, r) in enumerate(zip(outs + grads, aten_outs + aten_grads, ref_outs + ref_grads)):
+        assert a.dtype == b.dtype
+        _close_bf16(a, r, f"result {i} against float32")
+        if kind == "lstm":
+            _close_bf16(a, b, f"result {i} against ATen's bfloat16 GEMM")
+        else:
+            scale = max(1.0, r.abs().max().item())
+            torch.testing.assert_close(a.float(), b.float(), rtol=2 ** -7, atol=2 ** -7 * scale,
+                                       msg=f"result {i} against ATen's bfloat16 GEMM")
+
+
+@needs_bf16_gemm
+def test_bf16_packed_gemm_brings_block_lstm_closer_to_float32():
+    # The pre-activations summed in float32 (no rounding of h @ W_h's result to bfloat16 before the cell): over
+    # a long sequence the outputs' mean error against float32 drops below ATen's GEMM's.
+    leaves = _rnn_leaves("lstm", 40, 8, 6, 32, seed=23)
+    ref_outs, ref_grads = _rnn_run("lstm", leaves, F32, [])
+    err = {}
+    for route in (BF16_GEMM, ATEN_BF16):
+        outs, grads = _rnn_run("lstm", leaves, BF16, [CELL_ROUTE, route])
+        err[route] = sum((a.float() - b).abs().mean().item() for a, b in zip(outs + grads, ref_outs + ref_grads))
+    assert err[BF16_GEMM] < err[ATEN_BF16], err
 
 
 # ---------------------------------------------------------------------------------------------------------

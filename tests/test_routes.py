@@ -350,3 +350,24 @@ def test_recurrent_gemm_routes(route):
                              use_peephole=False)
     ref = _block_lstm_ref(x.double(), cs.double(), h.double(), w.double(), b.double(), 1.0)
     torch.testing.assert_close(out[6].double(), ref, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("route", ["rnn.cpu.packed_avx512_bf16", "rnn.cpu.aten_bf16"])
+def test_recurrent_gemm_bf16_routes(route):
+    # The bfloat16 BlockLSTM (float32 cell route) by each route of its recurrent GEMM against float64 on the
+    # bfloat16-rounded inputs, within bfloat16 rounding of h (|h| < 1).
+    if route == "rnn.cpu.packed_avx512_bf16":
+        flags = pathlib.Path("/proc/cpuinfo").read_text().split() if pathlib.Path("/proc/cpuinfo").exists() else []
+        if "avx512_bf16" not in flags or backends.cpu.get_cpu_capability() != "avx512":
+            pytest.skip(f"{route} needs AVX-512 BF16 and the AVX-512 capability")
+    torch.manual_seed(5)
+    T, B, I, C = 6, 4, 5, 16
+    x = torch.randn(T, B, I).bfloat16()
+    cs, h = torch.randn(B, C).bfloat16(), torch.randn(B, C).bfloat16()
+    w, b = (torch.randn(I + C, 4 * C) * 0.3).bfloat16(), (torch.randn(4 * C) * 0.1).bfloat16()
+    z = torch.zeros(C, dtype=torch.bfloat16)
+    with forced_route("block_rnn.cpu.float32_cell"), forced_route(route):
+        out = ops.block_lstm(torch.tensor(T), x, cs, h, w, z, z, z, b, forget_bias=1.0, cell_clip=-1.0,
+                             use_peephole=False)
+    ref = _block_lstm_ref(x.double(), cs.double(), h.double(), w.double(), b.double(), 1.0)
+    torch.testing.assert_close(out[6].double(), ref, rtol=0, atol=3e-2)

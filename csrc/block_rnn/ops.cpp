@@ -224,6 +224,19 @@ Dims check_block_gru(const at::Tensor& seq_len_max, const at::Tensor& x, const a
 // GRU orchestration
 // ------------------------------------------------------------------------------------------------
 
+// The bfloat16 CPU loops' recurrent GEMMs by torchops' float32-output kernel (rnn.cpu.packed_avx512_bf16),
+// both or neither (then the loop runs ATen's bfloat16 GEMM).
+void bf16_step_gemms(std::optional<rnn_util::Bf16StepGemm>& a, const at::Tensor& wa,
+                     std::optional<rnn_util::Bf16StepGemm>& b, const at::Tensor& wb, bool trans) {
+  a.emplace(wa, trans);
+  if (!a->packed()) {
+    a.reset();
+    return;
+  }
+  b.emplace(wb, trans);
+  if (!b->packed()) a.reset(), b.reset();
+}
+
 // Forward of L steps. x3 [T,B,I], h_prev [B,C], weights contiguous; r,u,c,h [T,B,C] contiguous
 // outputs (steps >= L are zeroed by the caller). B, C > 0, L > 0.
 void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::Tensor& w_ru, const at::Tensor& w_c,
@@ -248,6 +261,9 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
   const int64_t chunk0 = pre_done ? L : projection_chunk(L, B), chunks0 = (L + chunk0 - 1) / chunk0;
   const auto rec_ru_s = shared_step_gemm(wru_h, false, L), rec_c_s = shared_step_gemm(wc_h, false, L);
   const auto prj_ru_s = shared_step_gemm(wru_x, false, chunks0), prj_c_s = shared_step_gemm(wc_x, false, chunks0);
+  std::optional<rnn_util::Bf16StepGemm> rec_ru16, rec_c16;
+  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16 && L > 1)
+    bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, false);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     const at::Tensor xs = rows_of(x3, 1, b0, nb), hs = rows_of(h, 1, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
@@ -257,6 +273,8 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
     at::Tensor pre_c = pre_done ? rows_of(pre_c_all, 1, b0, nb) : at::empty({chunk, nb, C}, opts);
     at::Tensor hr = at::empty({nb, C}, opts);
     at::Tensor xbuf;
+    const at::Tensor ru32 = rec_ru16 ? at::empty({nb, 2 * C}, opts.dtype(at::kFloat)) : at::Tensor();
+    const at::Tensor c32 = rec_ru16 ? at::empty({nb, C}, opts.dtype(at::kFloat)) : at::Tensor();
     const int64_t chunks = (L + chunk - 1) / chunk;
     std::optional<StepGemm> l_rec_ru, l_rec_c, l_prj_ru, l_prj_c;
     const StepGemm& rec_ru = slice_gemm(rec_ru_s, l_rec_ru, wru_h, false, nb, L);
@@ -272,11 +290,17 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
       }
       const at::Tensor hp = t == 0 ? h0 : hs.select(0, t - 1);
       at::Tensor ru_t = pre_ru.select(0, t % chunk);
-      rec_ru.addmm(ru_t, hp);
+      if (rec_ru16)
+        rec_ru16->run_rounded(ru_t, hp, /*accumulate=*/true, ru32);
+      else
+        rec_ru.addmm(ru_t, hp);
       const at::Tensor u_t = us.select(0, t);
       k.gru_gates(ru_t, hp, rs.select(0, t), u_t, hr);
       at::Tensor c_t = pre_c.select(0, t % chunk);
-      rec_c.addmm(c_t, hr);
+      if (rec_c16)
+        rec_c16->run_rounded(c_t, hr, /*accumulate=*/true, c32);
+      else
+        rec_c.addmm(c_t, hr);
       k.gru_output(c_t, u_t, hp, cs.select(0, t), hs.select(0, t));
     }
   });
@@ -312,6 +336,9 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
   // A single step's backward runs unsplit: its transposed-weight GEMMs would re-pack the whole weight in
   // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
   const auto rec_c_s = shared_step_gemm(wc_h, true, loop_steps), rec_ru_s = shared_step_gemm(wru_h, true, loop_steps);
+  std::optional<rnn_util::Bf16StepGemm> rec_ru16, rec_c16;
+  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16 && loop_steps > 1)
+    bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, true);
   if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -325,6 +352,7 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
     at::Tensor carry = rows_of(dh_carry, 0, b0, nb);
     at::Tensor dh = at::empty({nb, C}, opts);
     at::Tensor d_hr = at::empty({nb, C}, opts);
+    const at::Tensor c32 = rec_c16 ? at::empty({nb, C}, opts.dtype(at::kFloat)) : at::Tensor();
     std::optional<StepGemm> l_rec_c, l_rec_ru;
     const StepGemm& rec_c = slice_gemm(rec_c_s, l_rec_c, wc_h, true, nb, L);
     const StepGemm& rec_ru = slice_gemm(rec_ru_s, l_rec_ru, wru_h, true, nb, L);
@@ -334,10 +362,16 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
       const at::Tensor dcb_t = dcbs.select(0, t), drbu_t = drbus.select(0, t);
       k.gru_backward_a(step(hgs, t), carry, gate(gus, t), gate(gcs, t), u_t, cs.select(0, t), hp, dh, dcb_t,
                        drbu_t);
-      rec_c.mm(d_hr, dcb_t);
+      if (rec_c16)
+        rec_c16->run_rounded(d_hr, dcb_t, /*accumulate=*/false, c32);
+      else
+        rec_c.mm(d_hr, dcb_t);
       k.gru_backward_b(d_hr, gate(grs, t), dh, r_t, u_t, hp, drbu_t, carry,
                        weight_grads ? hrs.select(0, t) : at::Tensor());
-      rec_ru.addmm(carry, drbu_t);
+      if (rec_ru16)
+        rec_ru16->run_rounded(carry, drbu_t, /*accumulate=*/true, c32);
+      else
+        rec_ru.addmm(carry, drbu_t);
     }
   });
   out.h_prev_grad = dh_carry;
@@ -599,6 +633,60 @@ void lstm_forward_mixed(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   out.co.narrow(0, 0, L).copy_(f32.co);
 }
 
+// lstm_forward_mixed in bfloat16 by torchops' kernel (route rnn.cpu.packed_avx512_bf16; `rec` packs all of w):
+// per batch slice and step, bias + [x_t, h_{t-1}] @ w by one GEMM into a float32 row block (no pre-activation
+// rounded to bfloat16; the packed w stays in cache across the steps, so the projection needs no [T, B, 4C]
+// buffer, and one K = I + C GEMM passes over the block once), and the step's outputs rounded from float32 rows
+// that stay in cache (the cell state carried in float32 between steps).
+void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
+                       const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                       const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
+                       bool ifco, const LstmOuts& out, const Kernels& k, const rnn_util::Bf16StepGemm& rec) {
+  const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
+  const auto o32 = x3.options().dtype(at::kFloat);
+  const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
+                   co32 = wco.to(at::kFloat), b32 = b.to(at::kFloat);
+  for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
+    const int64_t nb = b1 - b0;
+    const at::Tensor c0 = rows_of(cs0, 0, b0, nb);
+    const at::Tensor g = at::empty({nb, 4 * C}, o32);
+    // i, f, o, ci, co and h of the step, and the cell state of the last two steps
+    const at::Tensor st = at::empty({6, nb, C}, o32), cs2 = at::empty({2, nb, C}, o32);
+    const at::Tensor s_i = st[0], s_f = st[1], s_o = st[2], s_ci = st[3], s_co = st[4], s_h = st[5];
+    const at::Tensor cs_even = cs2[0], cs_odd = cs2[1];
+    const at::Tensor xh = at::empty({nb, I + C}, x3.options());
+    // (raw rows: a step's ATen views and copies cost more than its element-wise work here)
+    using Bits = uint16_t;
+    auto bits = [](const at::Tensor& t) { return reinterpret_cast<Bits*>(t.mutable_data_ptr()); };
+    Bits* const xhp = bits(xh);
+    const Bits *const xp = reinterpret_cast<const Bits*>(x3.const_data_ptr()) + b0 * I,
+                      *const h0p = reinterpret_cast<const Bits*>(h_prev.const_data_ptr()) + b0 * C;
+    float* const gp = g.mutable_data_ptr<float>();
+    const float* const bp = b32.const_data_ptr<float>();
+    auto out_rows = [&](const at::Tensor& t3, int64_t t) { return bits(t3) + (t * B + b0) * C; };
+    for (int64_t t = 0; t < L; ++t) {
+      const Bits* hp = t == 0 ? h0p : out_rows(out.h, t - 1);
+      for (int64_t r = 0; r < nb; ++r) {
+        std::memcpy(xhp + r * (I + C), xp + (t * B + r) * I, I * sizeof(Bits));
+        std::memcpy(xhp + r * (I + C) + I, hp + r * C, C * sizeof(Bits));
+        std::memcpy(gp + r * 4 * C, bp, 4 * C * sizeof(float));
+      }
+      rec.run(g, xh, /*accumulate=*/true);
+      const at::Tensor& cs_t = t % 2 ? cs_odd : cs_even;
+      k.lstm_forward(g, t == 0 ? c0 : (t % 2 ? cs_even : cs_odd), ci32, cf32, co32, forget_bias, cell_clip,
+                     use_peephole, ifco, s_i, cs_t, s_f, s_o, s_ci, s_co, s_h);
+      const int64_t n = nb * C;
+      cpu::packed_gemm_bf16_round(s_i.const_data_ptr<float>(), n, out_rows(out.i, t));
+      cpu::packed_gemm_bf16_round(cs_t.const_data_ptr<float>(), n, out_rows(out.cs, t));
+      cpu::packed_gemm_bf16_round(s_f.const_data_ptr<float>(), n, out_rows(out.f, t));
+      cpu::packed_gemm_bf16_round(s_o.const_data_ptr<float>(), n, out_rows(out.o, t));
+      cpu::packed_gemm_bf16_round(s_ci.const_data_ptr<float>(), n, out_rows(out.ci, t));
+      cpu::packed_gemm_bf16_round(s_co.const_data_ptr<float>(), n, out_rows(out.co, t));
+      cpu::packed_gemm_bf16_round(s_h.const_data_ptr<float>(), n, out_rows(out.h, t));
+    }
+  });
+}
+
 void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                        const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
@@ -606,6 +694,17 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
   if (x3.is_cpu() && is_low(x3)) {
     if (route::cpu_float32_cell.enabled()) {
       route::cpu_float32_cell.ran();
+      // (one step: ATen's GEMM, packing the weight would cost as much)
+      std::optional<rnn_util::Bf16StepGemm> rec;
+      if (L > 1 && x3.scalar_type() == at::kBFloat16) rec.emplace(w, /*trans=*/false);
+      const bool flat = x3.is_contiguous() && h_prev.is_contiguous() && out.i.is_contiguous() &&
+                        out.cs.is_contiguous() && out.f.is_contiguous() && out.o.is_contiguous() &&
+                        out.ci.is_contiguous() && out.co.is_contiguous() && out.h.is_contiguous();
+      if (rec && rec->packed() && flat) {
+        lstm_forward_bf16(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
+                          k, *rec);
+        return;
+      }
       lstm_forward_mixed(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
                          k);
       return;
@@ -683,18 +782,31 @@ at::Tensor sum_tb(const at::Tensor& a, const at::Tensor& b) {
 
 // The time loop of the CPU backward of float16/bfloat16 (route block_rnn.cpu.float32_cell), as the forward: the
 // element-wise math on float32 copies of the activations with the state gradients carried in float32, the gate
-// gradients rounded once into `dgates` for the recurrent GEMM in the dtype; dh_carry and dcs_carry (the dtype's)
-// receive the final state gradients.
-void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h, const at::Tensor& wci,
-                               const at::Tensor& wcf, const at::Tensor& wco, const LstmOuts& fw,
+// gradients rounded once into `dgates` for the recurrent GEMM in the dtype (in bfloat16 by torchops' kernel
+// where its route runs, dh straight into float32); dh_carry and dcs_carry (the dtype's) receive the final state
+// gradients. With torchops' kernel and x_grad defined, each thread also computes its rows of x_grad = dgates @
+// w_x^T step by step while dgates_t is in its cache (each float32 sum rounded once, as ATen's GEMM after the loop
+// does), and it returns true.
+bool lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_x, const at::Tensor& w_h,
+                               const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco, const LstmOuts& fw,
                                const at::Tensor& cs_grad, const at::Tensor& h_grad, const at::Tensor& g_i,
                                const at::Tensor& g_f, const at::Tensor& g_o, const at::Tensor& g_ci,
                                const at::Tensor& g_co, int64_t L, bool use_peephole, bool ifco, bool input_grads,
                                const at::Tensor& dgates, const at::Tensor& dh_carry, const at::Tensor& dcs_carry,
-                               const Kernels& k) {
+                               const at::Tensor& x_grad, const Kernels& k) {
   const int64_t B = cs_prev.size(0), C = cs_prev.size(1);
   const auto o32 = cs_prev.options().dtype(at::kFloat);
-  auto wide = [&](const at::Tensor& t) { return t.defined() ? t.narrow(0, 0, std::min(L, t.size(0))).to(at::kFloat) : t; };
+  std::optional<rnn_util::Bf16StepGemm> rec, xg;
+  if (input_grads && L > 1) rec.emplace(w_h, /*trans=*/true);
+  if (rec && rec->packed() && x_grad.defined() && w_x.size(0) > 0) xg.emplace(w_x, /*trans=*/true);
+  // With torchops' kernel each thread widens its rows of a step into cache-resident float32 rows (vector
+  // conversions), not whole [L, B, C] float32 copies of every activation and incoming gradient.
+  const bool per_step = rec && rec->packed();
+  auto wide = [&](const at::Tensor& t) {
+    if (!t.defined()) return t;
+    const at::Tensor r = t.narrow(0, 0, std::min(L, t.size(0)));
+    return per_step ? r.contiguous() : r.to(at::kFloat);
+  };
   const LstmOuts f{wide(fw.i), wide(fw.cs), wide(fw.f), wide(fw.o), wide(fw.ci), wide(fw.co), at::Tensor()};
   const at::Tensor hg = wide(h_grad), csg = wide(cs_grad), gi = wide(g_i), gf = wide(g_f), go = wide(g_o),
                    gci = wide(g_ci), gco = wide(g_co);
@@ -709,26 +821,51 @@ void lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_h,
     const at::Tensor zs = rows_of(zero, 0, b0, nb), c0 = rows_of(cs0, 0, b0, nb), dgs = s3(dgates);
     const at::Tensor hgs = s3(hg), csgs = s3(csg), gis = s3(gi), gfs = s3(gf), gos = s3(go), gcis = s3(gci),
                      gcos = s3(gco);
-    auto step = [&](const at::Tensor& t3, int64_t t) { return t3.defined() ? t3.select(0, t) : zs; };
-    auto gate = [&](const at::Tensor& t3, int64_t t) { return !any_gate ? at::Tensor() : step(t3, t); };
+    // (per_step: step t's rows of the 12 inputs below, and cs in two alternating rows)
+    const at::Tensor rows = per_step ? at::empty({14, nb, C}, o32) : at::Tensor();
+    auto row = [&](const at::Tensor& t3, int64_t t, int64_t slot) {
+      if (!per_step) return t3.select(0, t);
+      const at::Tensor r = rows.select(0, slot);
+      rnn_util::Bf16StepGemm::widen_into(r, t3.select(0, t));
+      return r;
+    };
+    auto step = [&](const at::Tensor& t3, int64_t t, int64_t slot) { return t3.defined() ? row(t3, t, slot) : zs; };
+    auto gate = [&](const at::Tensor& t3, int64_t t, int64_t slot) {
+      return !any_gate ? at::Tensor() : step(t3, t, slot);
+    };
+    // cs_{t-1}: widened at step t, it is step t-1's cs
+    auto cs_at = [&](int64_t t) {
+      if (!per_step) return fs.cs.select(0, t);
+      return t == L - 1 ? row(fs.cs, t, 12 + t % 2) : rows.select(0, 12 + t % 2);
+    };
     const at::Tensor dh_s = rows_of(dh32, 0, b0, nb), dcs_s = rows_of(dcs32, 0, b0, nb);
     const at::Tensor dg32 = at::empty({nb, 4 * C}, o32);
     at::Tensor dh_low = at::empty({nb, C}, dgates.options());
+    const at::Tensor xgs = xg ? s3(x_grad) : at::Tensor();
+    const at::Tensor xg32 = xg ? at::empty({nb, w_x.size(0)}, o32) : at::Tensor();
     for (int64_t t = L - 1; t >= 0; --t) {
       const at::Tensor dg_t = dgs.select(0, t);
-      k.lstm_backward(fs.i.select(0, t), fs.cs.select(0, t), fs.f.select(0, t), fs.o.select(0, t),
-                      fs.ci.select(0, t), fs.co.select(0, t), t == 0 ? c0 : fs.cs.select(0, t - 1), ci32, cf32, co32,
-                      step(hgs, t), dh_s, step(csgs, t), gate(gis, t), gate(gfs, t), gate(gos, t), gate(gcis, t),
-                      gate(gcos, t), use_peephole, ifco, dg32, dcs_s);
-      dg_t.copy_(dg32);
-      if (input_grads) {
+      const at::Tensor cs_t = cs_at(t), csp = t == 0 ? c0 : row(fs.cs, t - 1, 12 + (t - 1) % 2);
+      k.lstm_backward(row(fs.i, t, 0), cs_t, row(fs.f, t, 1), row(fs.o, t, 2), row(fs.ci, t, 3), row(fs.co, t, 4),
+                      csp, ci32, cf32, co32, step(hgs, t, 5), dh_s, step(csgs, t, 6), gate(gis, t, 7),
+                      gate(gfs, t, 8), gate(gos, t, 9), gate(gcis, t, 10), gate(gcos, t, 11), use_peephole, ifco,
+                      dg32, dcs_s);
+      if (per_step && dg_t.is_contiguous())
+        rnn_util::Bf16StepGemm::round_into(dg_t, dg32);
+      else
+        dg_t.copy_(dg32);
+      if (input_grads && rec && rec->packed()) {
+        rec->run(dh_s, dg_t, /*accumulate=*/false);
+      } else if (input_grads) {
         at::mm_out(dh_low, dg_t, w_h.t());
         dh_s.copy_(dh_low);
       }
+      if (xg) xg->run_rounded(xgs.select(0, t), dg_t, /*accumulate=*/false, xg32);
     }
   });
   dh_carry.copy_(dh32);
   dcs_carry.copy_(dcs32);
+  return xg.has_value();
 }
 
 // Backward of L steps (with gradients arriving at the gate outputs too). `dgates` [L,B,4C] is a
@@ -758,10 +895,12 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
                                                   h_grad, cs_grad, g_i, g_f, g_o, g_ci, g_co, use_peephole, ifco, L,
                                                   dgates, dh_carry, out.cs_prev_grad});
   const bool mixed = !whole && x3.is_cpu() && is_low(x3) && route::cpu_float32_cell.enabled();
+  bool x_grad_done = false;
   if (mixed) {
     route::cpu_float32_cell.ran();
-    lstm_backward_steps_mixed(cs_prev, w_h, wci, wcf, wco, fw, cs_grad, h_grad, g_i, g_f, g_o, g_ci, g_co, L,
-                              use_peephole, ifco, input_grads, dgates, dh_carry, out.cs_prev_grad, k);
+    x_grad_done = lstm_backward_steps_mixed(cs_prev, w_x, w_h, wci, wcf, wco, fw, cs_grad, h_grad, g_i, g_f, g_o,
+                                            g_ci, g_co, L, use_peephole, ifco, input_grads, dgates, dh_carry,
+                                            out.cs_prev_grad, input_grads ? out.x_grad : at::Tensor(), k);
   } else if (x3.is_cpu() && is_low(x3)) {
     route::cpu_dtype_cell.ran();
   }
@@ -814,7 +953,7 @@ void lstm_backward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const a
   if (!input_grads) return;
   out.h_prev_grad.copy_(dh_carry);
   const at::Tensor dg2d = dgates.view({L * B, 4 * C});
-  if (!own) mm_into(out.x_grad.narrow(0, 0, L).view({L * B, I}), dg2d, w_x.t());
+  if (!own && !x_grad_done) mm_into(out.x_grad.narrow(0, 0, L).view({L * B, I}), dg2d, w_x.t());
   // w_grad = [x_t, h_{t-1}]^T @ dgates over all steps as one GEMM (as TF's per-step xh, gathered once):
   // one K = L*B GEMM with I + C rows beats three (x rows, h_prev, h[0 : L-1]) by ~6 % at T=50 B=32.
   at::Tensor xh = at::empty({L * B, I + C}, opts);
