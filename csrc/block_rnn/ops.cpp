@@ -639,7 +639,7 @@ void lstm_forward_mixed(const at::Tensor& x3, const at::Tensor& cs_prev, const a
 // buffer, and one K = I + C GEMM passes over the block once), and the step's outputs rounded from float32 rows
 // that stay in cache (the cell state carried in float32 between steps).
 void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
-                       const at::Tensor& w, const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
+                       const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
                        bool ifco, const LstmOuts& out, const Kernels& k, const rnn_util::Bf16StepGemm& rec) {
   const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
@@ -694,15 +694,15 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
   if (x3.is_cpu() && is_low(x3)) {
     if (route::cpu_float32_cell.enabled()) {
       route::cpu_float32_cell.ran();
-      // (one step: ATen's GEMM, packing the weight would cost as much)
-      std::optional<rnn_util::Bf16StepGemm> rec;
-      if (L > 1 && x3.scalar_type() == at::kBFloat16) rec.emplace(w, /*trans=*/false);
+      // (one step: ATen's GEMM, packing the weight would cost as much; the kernel's loop reads raw rows)
       const bool flat = x3.is_contiguous() && h_prev.is_contiguous() && out.i.is_contiguous() &&
                         out.cs.is_contiguous() && out.f.is_contiguous() && out.o.is_contiguous() &&
                         out.ci.is_contiguous() && out.co.is_contiguous() && out.h.is_contiguous();
-      if (rec && rec->packed() && flat) {
-        lstm_forward_bf16(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
-                          k, *rec);
+      std::optional<rnn_util::Bf16StepGemm> rec;
+      if (L > 1 && x3.scalar_type() == at::kBFloat16 && flat) rec.emplace(w, /*trans=*/false);
+      if (rec && rec->packed()) {
+        lstm_forward_bf16(x3, cs_prev, h_prev, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out, k,
+                          *rec);
         return;
       }
       lstm_forward_mixed(x3, cs_prev, h_prev, w, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out,
