@@ -755,6 +755,50 @@ def test_bf16_packed_gemm_brings_block_lstm_closer_to_float32():
     assert err[BF16_GEMM] < err[ATEN_BF16], err
 
 
+@needs_bf16_gemm
+@pytest.mark.parametrize("version", ["block_lstm", "block_lstm_v2"])
+@pytest.mark.parametrize("peephole", [False, True])
+@pytest.mark.parametrize("cell_clip", [0.0, -1.0, 0.8])
+@pytest.mark.parametrize("C", [1, 16, 37])
+@pytest.mark.parametrize("build", ["avx512", "avx2", "default"])
+def test_bf16_block_lstm_step_is_float32_math_rounded_once(version, peephole, cell_clip, C, build):
+    # The bfloat16 forward's fused step (bias, cell on the float32 sums, each output rounded once): every output is
+    # the float32 op's on the same inputs rounded to bfloat16, to half a bfloat16 step and a few float32 ones; the
+    # reference runs the float32 op a step at a time with what the bfloat16 op carries (h rounded to bfloat16, the
+    # cell state in float32). Pre-activations up to +-60 reach the saturated ends of sigmoid and tanh; C = 1, 16,
+    # 37 cover the vector tail; a NaN in one batch row's input stays in that row, as in float32. Each capability
+    # build has the step: AVX-512's in intrinsics, the others' the float32 kernel's loop.
+    T, B, I = 6, 5, 3
+    g = torch.Generator().manual_seed(31)
+    leaves = [torch.randn(T, B, I, generator=g) * 8, torch.randn(B, C, generator=g), torch.randn(B, C, generator=g),
+              torch.randn(I + C, 4 * C, generator=g) * 3, torch.randn(C, generator=g), torch.randn(C, generator=g),
+              torch.randn(C, generator=g), torch.randn(4 * C, generator=g)]
+    leaves[0][2, 1, 0] = float("nan")
+    args = [a.to(BF16) for a in leaves]
+    kw = dict(use_peephole=peephole, cell_clip=cell_clip)
+    if version == "block_lstm":
+        kw["forget_bias"] = 0.7
+    op = getattr(ops, version)
+    hits = torchops.backends.hits(BF16_GEMM)
+    with forced_route(CELL_ROUTE), forced_route(BF16_GEMM), forced_route(f"block_rnn.cpu.{build}"):
+        outs = op(torch.tensor(T), *args, **kw)
+    assert torchops.backends.hits(BF16_GEMM) == hits + 1
+    x, cs, h = args[0].float(), args[1].float(), args[2]
+    steps = []
+    for t in range(T):
+        step = op(torch.tensor(1), x[t:t + 1], cs, h.float(), *[a.float() for a in args[3:]], **kw)
+        cs, h = step[1][0], step[6][0].to(BF16)
+        steps.append(step)
+    ref = [torch.cat([s_[q] for s_ in steps]) for q in range(7)]
+    names = ["i", "cs", "f", "o", "ci", "co", "h"]
+    for name, a, r in zip(names, outs, ref):
+        assert a.dtype == BF16
+        assert torch.equal(a.isnan(), r.isnan()), name
+        assert a[:, 1].isnan().any() and not a[:, [0, 2, 3, 4]].isnan().any(), name
+        ok = ~r.isnan()
+        torch.testing.assert_close(a.float()[ok], r[ok], rtol=2 ** -8, atol=1e-6, msg=name)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Batching and accumulators: documented behaviour under autocast
 # ---------------------------------------------------------------------------------------------------------

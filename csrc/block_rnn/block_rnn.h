@@ -65,6 +65,8 @@ struct Kernels : StepKernels {
   bool (*lstm_backward_sequence)(const LstmSeqBackward& a);
   bool (*gru_forward_sequence)(const GruSeqForward& a);
   bool (*gru_backward_sequence)(const GruSeqBackward& a);
+  // The CPU bfloat16 LSTM forward's fused step (LstmBf16Rows), nullptr on other devices.
+  void (*lstm_forward_bf16_rows)(const LstmBf16Rows& a);
 };
 
 // The family's routes (block_rnn/routes.cpp).

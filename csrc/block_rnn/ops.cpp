@@ -634,26 +634,23 @@ void lstm_forward_mixed(const at::Tensor& x3, const at::Tensor& cs_prev, const a
 }
 
 // lstm_forward_mixed in bfloat16 by torchops' kernel (route rnn.cpu.packed_avx512_bf16; `rec` packs all of w):
-// per batch slice and step, bias + [x_t, h_{t-1}] @ w by one GEMM into a float32 row block (no pre-activation
-// rounded to bfloat16; the packed w stays in cache across the steps, so the projection needs no [T, B, 4C]
-// buffer, and one K = I + C GEMM passes over the block once), and the step's outputs rounded from float32 rows
-// that stay in cache (the cell state carried in float32 between steps).
+// per batch slice and step, [x_t, h_{t-1}] @ w by one GEMM into float32 sums (no pre-activation rounded to
+// bfloat16; the packed w stays in cache across the steps, so the projection needs no [T, B, 4C] buffer, and one
+// K = I + C GEMM passes over the block once), then one fused kernel adds the bias, runs the cell on the sums
+// with the cell state carried in float32, and rounds each output once.
 void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at::Tensor& h_prev,
                        const at::Tensor& wci, const at::Tensor& wcf, const at::Tensor& wco,
                        const at::Tensor& b, int64_t L, double forget_bias, double cell_clip, bool use_peephole,
                        bool ifco, const LstmOuts& out, const Kernels& k, const rnn_util::Bf16StepGemm& rec) {
   const int64_t B = x3.size(1), I = x3.size(2), C = cs_prev.size(1);
   const auto o32 = x3.options().dtype(at::kFloat);
-  const at::Tensor cs0 = cs_prev.to(at::kFloat), ci32 = wci.to(at::kFloat), cf32 = wcf.to(at::kFloat),
-                   co32 = wco.to(at::kFloat), b32 = b.to(at::kFloat);
+  const at::Tensor cs0 = cs_prev.to(at::kFloat).contiguous(), ci32 = wci.to(at::kFloat).contiguous(),
+                   cf32 = wcf.to(at::kFloat).contiguous(), co32 = wco.to(at::kFloat).contiguous(),
+                   b32 = b.to(at::kFloat).contiguous();
+  const GateOffsets off = gate_offsets(ifco, C);
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
-    const at::Tensor c0 = rows_of(cs0, 0, b0, nb);
-    const at::Tensor g = at::empty({nb, 4 * C}, o32);
-    // i, f, o, ci, co and h of the step, and the cell state of the last two steps
-    const at::Tensor st = at::empty({6, nb, C}, o32), cs2 = at::empty({2, nb, C}, o32);
-    const at::Tensor s_i = st[0], s_f = st[1], s_o = st[2], s_ci = st[3], s_co = st[4], s_h = st[5];
-    const at::Tensor cs_even = cs2[0], cs_odd = cs2[1];
+    const at::Tensor g = at::empty({nb, 4 * C}, o32), cs = rows_of(cs0, 0, b0, nb).clone();
     const at::Tensor xh = at::empty({nb, I + C}, x3.options());
     // (raw rows: a step's ATen views and copies cost more than its element-wise work here)
     using Bits = uint16_t;
@@ -664,25 +661,42 @@ void lstm_forward_bf16(const at::Tensor& x3, const at::Tensor& cs_prev, const at
     float* const gp = g.mutable_data_ptr<float>();
     const float* const bp = b32.const_data_ptr<float>();
     auto out_rows = [&](const at::Tensor& t3, int64_t t) { return bits(t3) + (t * B + b0) * C; };
+    LstmBf16Rows a{};
+    a.rows = nb;
+    a.n = C;
+    a.ldg = 4 * C;
+    a.ldcs = C;
+    a.ldo = C;
+    a.g_i = gp + off.i;
+    a.g_ci = gp + off.ci;
+    a.g_f = gp + off.f;
+    a.g_o = gp + off.o;
+    a.b_i = bp + off.i;
+    a.b_ci = bp + off.ci;
+    a.b_f = bp + off.f;
+    a.b_o = bp + off.o;
+    a.wci = ci32.const_data_ptr<float>();
+    a.wcf = cf32.const_data_ptr<float>();
+    a.wco = co32.const_data_ptr<float>();
+    a.forget_bias = static_cast<float>(forget_bias);
+    a.cell_clip = static_cast<float>(cell_clip);
+    a.use_peephole = use_peephole;
+    a.cs = cs.mutable_data_ptr<float>();
     for (int64_t t = 0; t < L; ++t) {
       const Bits* hp = t == 0 ? h0p : out_rows(out.h, t - 1);
       for (int64_t r = 0; r < nb; ++r) {
         std::memcpy(xhp + r * (I + C), xp + (t * B + r) * I, I * sizeof(Bits));
         std::memcpy(xhp + r * (I + C) + I, hp + r * C, C * sizeof(Bits));
-        std::memcpy(gp + r * 4 * C, bp, 4 * C * sizeof(float));
       }
-      rec.run(g, xh, /*accumulate=*/true);
-      const at::Tensor& cs_t = t % 2 ? cs_odd : cs_even;
-      k.lstm_forward(g, t == 0 ? c0 : (t % 2 ? cs_even : cs_odd), ci32, cf32, co32, forget_bias, cell_clip,
-                     use_peephole, ifco, s_i, cs_t, s_f, s_o, s_ci, s_co, s_h);
-      const int64_t n = nb * C;
-      cpu::packed_gemm_bf16_round(s_i.const_data_ptr<float>(), n, out_rows(out.i, t));
-      cpu::packed_gemm_bf16_round(cs_t.const_data_ptr<float>(), n, out_rows(out.cs, t));
-      cpu::packed_gemm_bf16_round(s_f.const_data_ptr<float>(), n, out_rows(out.f, t));
-      cpu::packed_gemm_bf16_round(s_o.const_data_ptr<float>(), n, out_rows(out.o, t));
-      cpu::packed_gemm_bf16_round(s_ci.const_data_ptr<float>(), n, out_rows(out.ci, t));
-      cpu::packed_gemm_bf16_round(s_co.const_data_ptr<float>(), n, out_rows(out.co, t));
-      cpu::packed_gemm_bf16_round(s_h.const_data_ptr<float>(), n, out_rows(out.h, t));
+      rec.run(g, xh, /*accumulate=*/false);
+      a.i = out_rows(out.i, t);
+      a.cs_out = out_rows(out.cs, t);
+      a.f = out_rows(out.f, t);
+      a.o = out_rows(out.o, t);
+      a.ci = out_rows(out.ci, t);
+      a.co = out_rows(out.co, t);
+      a.h = out_rows(out.h, t);
+      k.lstm_forward_bf16_rows(a);
     }
   });
 }

@@ -5,6 +5,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+
 namespace torchops {
 namespace brnn {
 
@@ -17,6 +19,20 @@ template <typename T>
 inline T* mptr(const at::Tensor& t) {
   return t.defined() ? t.mutable_data_ptr<T>() : nullptr;
 }
+
+// One step of the CPU bfloat16 LSTM forward over raw rows (block_rnn/ops.cpp): `rows` batch rows of `n` cells,
+// the float32 GEMM sums of gate q at g_q[r * ldg + j] plus the float32 bias b_q[j]; the float32 cell state at
+// cs[r * ldcs + j] read as cs_prev and overwritten with the new state; the seven outputs (i, cs, f, o, ci, co, h)
+// rounded once to bfloat16 (raw bits) at out_q[r * ldo + j]. Peepholes (float32, [n]) are read only with
+// use_peephole.
+struct LstmBf16Rows {
+  int64_t rows, n, ldg, ldcs, ldo;
+  const float *g_i, *g_ci, *g_f, *g_o, *b_i, *b_ci, *b_f, *b_o, *wci, *wcf, *wco;
+  float forget_bias, cell_clip;
+  bool use_peephole;
+  float* cs;
+  uint16_t *i, *cs_out, *f, *o, *ci, *co, *h;
+};
 
 // Per-device fused elementwise kernels of one time step. Every tensor argument is a contiguous
 // [B, n] matrix of the storage dtype (n = C, 2C or 4C as noted); `optional` ones may be undefined

@@ -11,15 +11,14 @@ namespace torchops {
 namespace brnn {
 namespace {
 
-const StepKernels& step_kernels() {
-  return TORCHOPS_ISA_PICK(route::cpu_step_kernels.slot, cpu_step_kernels);
-}
+const CpuStepKernels& cpu_kernels() { return TORCHOPS_ISA_PICK(route::cpu_step_kernels.slot, cpu_step_kernels); }
+const StepKernels& step_kernels() { return cpu_kernels(); }
 
 #define TORCHOPS_STEP(name) TORCHOPS_PICKED(StepKernels, step_kernels, name)
 const Kernels kCpuKernels{TORCHOPS_STEP(gru_gates),      TORCHOPS_STEP(gru_output),   TORCHOPS_STEP(gru_backward_a),
                           TORCHOPS_STEP(gru_backward_b), TORCHOPS_STEP(lstm_forward), TORCHOPS_STEP(lstm_backward),
                           c10::DeviceType::CPU,          nullptr,                     nullptr,
-                          nullptr,                       nullptr};
+                          nullptr,                       nullptr,                     TORCHOPS_PICKED(CpuStepKernels, cpu_kernels, lstm_forward_bf16_rows)};
 #undef TORCHOPS_STEP
 
 }  // namespace

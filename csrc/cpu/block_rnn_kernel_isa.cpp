@@ -10,6 +10,9 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <immintrin.h>
 
 // The math's selects (clamps) only if-convert, and so vectorize, when floating point comparisons are
 // not treated as trapping; and a * b + c stays two roundings (no FMA contraction), as in TF's CPU
@@ -110,6 +113,138 @@ void lstm_forward_row(int64_t C, const T* __restrict gi, const T* __restrict gci
     h[k] = static_cast<T>(r.h);
   }
 }
+
+#if TORCHOPS_CPU_CAPABILITY == 2
+// The AVX-512 build's LstmBf16Rows: TensorFlow's sigmoid and tanh algorithms (common/block_rnn_math.h) with
+// fused multiply-adds, 2^m by vscalefps, and the outputs rounded by vcvtneps2bf16 (to nearest even). Not bit
+// for bit TensorFlow's float32 math (the outputs are bfloat16, which TensorFlow computes differently anyway);
+// within a few float32 ulp of it. Only the bfloat16 loop reaches it, and only where the CPU has AVX-512 BF16
+// (its GEMM needs it too), so it carries its own target like the packed GEMM's bfloat16 functions.
+#define TORCHOPS_BF16_TARGET __attribute__((target("avx512bf16")))
+
+TORCHOPS_BF16_TARGET inline __m512 v_sigmoid(__m512 a) {
+  const __m512 x = _mm512_mul_ps(_mm512_min_ps(_mm512_set1_ps(16.6355324f), a), _mm512_set1_ps(0.5f));
+  const __m512 m = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
+                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fmadd_ps(m, _mm512_set1_ps(-0.693359375f), x);
+  r = _mm512_fmadd_ps(m, _mm512_set1_ps(2.12194440e-4f), r);
+  const __m512 r2 = _mm512_mul_ps(r, r);
+  const __m512 p_even = _mm512_fmadd_ps(r2, _mm512_set1_ps(4.1898667812347412109375e-2f),
+                                        _mm512_set1_ps(0.49999141693115234375f));
+  const __m512 p_odd = _mm512_fmadd_ps(r2, _mm512_set1_ps(8.33471305668354034423828125e-3f),
+                                       _mm512_set1_ps(0.16666877269744873046875f));
+  __m512 p = _mm512_fmadd_ps(r, p_odd, p_even);
+  p = _mm512_fmadd_ps(r2, p, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  __m512 e = _mm512_scalef_ps(p, m);
+  e = _mm512_mul_ps(e, e);
+  const __m512 s = _mm512_div_ps(e, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+  return _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(a, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), s);
+}
+
+TORCHOPS_BF16_TARGET inline __m512 v_tanh(__m512 a) {
+  const float c = 7.90738964080810547f;
+  const __m512 x = _mm512_max_ps(_mm512_set1_ps(-c), _mm512_min_ps(_mm512_set1_ps(c), a));
+  const __m512 x2 = _mm512_mul_ps(x, x), x3 = _mm512_mul_ps(x2, x);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.394553628e-8f), x2, _mm512_set1_ps(2.102733560e-5f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(3.520756727e-3f));
+  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.340216100e-1f));
+  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(8.015776984e-7f), x2, _mm512_set1_ps(3.326951409e-4f));
+  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(2.597254514e-2f));
+  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(4.673548340e-1f));
+  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.0f));
+  return _mm512_div_ps(_mm512_fmadd_ps(x3, p, x), q);
+}
+
+TORCHOPS_BF16_TARGET inline void v_store_bf16(uint16_t* p, __mmask16 mk, __m512 v) {
+  _mm256_mask_storeu_epi16(p, mk, (__m256i)_mm512_cvtneps_pbh(v));
+}
+
+template <bool PEEP, bool CLIP>
+TORCHOPS_BF16_TARGET void lstm_forward_bf16_row_v(const LstmBf16Rows& a, int64_t r) {
+  const int64_t g0 = r * a.ldg, s = r * a.ldo;
+  float* const cs = a.cs + r * a.ldcs;
+  const __m512 fb = _mm512_set1_ps(a.forget_bias), clip = _mm512_set1_ps(a.cell_clip),
+               nclip = _mm512_set1_ps(-a.cell_clip);
+  for (int64_t k = 0; k < a.n; k += 16) {
+    const __mmask16 mk = a.n - k >= 16 ? __mmask16(0xffff) : static_cast<__mmask16>((1u << (a.n - k)) - 1);
+    auto ld = [&](const float* p) { return _mm512_maskz_loadu_ps(mk, p + k); };
+    const __m512 csp = ld(cs);
+    __m512 gi = _mm512_add_ps(ld(a.g_i + g0), ld(a.b_i)), gf = _mm512_add_ps(ld(a.g_f + g0), ld(a.b_f));
+    const __m512 gci = _mm512_add_ps(ld(a.g_ci + g0), ld(a.b_ci)), go = _mm512_add_ps(ld(a.g_o + g0), ld(a.b_o));
+    if (PEEP) gi = _mm512_fmadd_ps(csp, ld(a.wci), gi);
+    gf = _mm512_add_ps(gf, fb);
+    if (PEEP) gf = _mm512_fmadd_ps(csp, ld(a.wcf), gf);
+    const __m512 i = v_sigmoid(gi), ci = v_tanh(gci), f = v_sigmoid(gf);
+    __m512 c = _mm512_fmadd_ps(i, ci, _mm512_mul_ps(f, csp));
+    if (CLIP) c = _mm512_min_ps(clip, _mm512_max_ps(nclip, c));
+    const __m512 co = v_tanh(c);
+    const __m512 o = v_sigmoid(PEEP ? _mm512_fmadd_ps(c, ld(a.wco), go) : go);
+    _mm512_mask_storeu_ps(cs + k, mk, c);
+    v_store_bf16(a.i + s + k, mk, i);
+    v_store_bf16(a.cs_out + s + k, mk, c);
+    v_store_bf16(a.f + s + k, mk, f);
+    v_store_bf16(a.o + s + k, mk, o);
+    v_store_bf16(a.ci + s + k, mk, ci);
+    v_store_bf16(a.co + s + k, mk, co);
+    v_store_bf16(a.h + s + k, mk, _mm512_mul_ps(o, co));
+  }
+}
+
+void lstm_forward_bf16_rows(const LstmBf16Rows& a) {
+  const bool clip = a.cell_clip > 0.f;
+  for (int64_t r = 0; r < a.rows; ++r) {
+    if (a.use_peephole)
+      clip ? lstm_forward_bf16_row_v<true, true>(a, r) : lstm_forward_bf16_row_v<true, false>(a, r);
+    else
+      clip ? lstm_forward_bf16_row_v<false, true>(a, r) : lstm_forward_bf16_row_v<false, false>(a, r);
+  }
+}
+#undef TORCHOPS_BF16_TARGET
+#else
+// x rounded to bfloat16 (to nearest even, NaN to 0x7fc0), as c10::BFloat16, in integer operations that
+// vectorize in every build.
+inline uint16_t bf16_bits(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, sizeof(u));
+  const uint16_t r = static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  return x != x ? uint16_t(0x7fc0) : r;
+}
+
+// One row of LstmBf16Rows: the float32 math of lstm_forward_row<float>, each output rounded once.
+template <bool PEEP>
+void lstm_forward_bf16_row(int64_t n, const float* __restrict gi, const float* __restrict gci,
+                           const float* __restrict gf, const float* __restrict go, const float* __restrict bi,
+                           const float* __restrict bci, const float* __restrict bf, const float* __restrict bo,
+                           const float* __restrict wci, const float* __restrict wcf, const float* __restrict wco,
+                           float fb, float clip, float* __restrict cs, uint16_t* __restrict i,
+                           uint16_t* __restrict cso, uint16_t* __restrict f, uint16_t* __restrict o,
+                           uint16_t* __restrict ci, uint16_t* __restrict co, uint16_t* __restrict h) {
+  for (int64_t k = 0; k < n; ++k) {
+    const LstmForward<float> v =
+        lstm_forward<float>(gi[k] + bi[k], gci[k] + bci[k], gf[k] + bf[k], go[k] + bo[k], cs[k],
+                            PEEP ? wci[k] : 0.f, PEEP ? wcf[k] : 0.f, PEEP ? wco[k] : 0.f, fb, clip, PEEP);
+    cs[k] = v.cs;
+    i[k] = bf16_bits(v.i);
+    cso[k] = bf16_bits(v.cs);
+    f[k] = bf16_bits(v.f);
+    o[k] = bf16_bits(v.o);
+    ci[k] = bf16_bits(v.ci);
+    co[k] = bf16_bits(v.co);
+    h[k] = bf16_bits(v.h);
+  }
+}
+
+// On the calling thread: the bfloat16 loop calls it from its batch-slice threads.
+void lstm_forward_bf16_rows(const LstmBf16Rows& a) {
+  for (int64_t r = 0; r < a.rows; ++r) {
+    const int64_t g = r * a.ldg, s = r * a.ldo;
+    (a.use_peephole ? lstm_forward_bf16_row<true> : lstm_forward_bf16_row<false>)(
+        a.n, a.g_i + g, a.g_ci + g, a.g_f + g, a.g_o + g, a.b_i, a.b_ci, a.b_f, a.b_o, a.wci, a.wcf, a.wco,
+        a.forget_bias, a.cell_clip, a.cs + r * a.ldcs, a.i + s, a.cs_out + s, a.f + s, a.o + s, a.ci + s, a.co + s,
+        a.h + s);
+  }
+}
+#endif
 
 template <typename T, bool PEEP, bool GATES>
 void lstm_backward_row(int64_t C, const T* __restrict i, const T* __restrict cs, const T* __restrict f,
@@ -303,10 +438,11 @@ void lstm_backward_cpu(const at::Tensor& i, const at::Tensor& cs, const at::Tens
 }  // namespace TORCHOPS_CPU_CAPABILITY_NAMESPACE
 
 template <>
-const StepKernels& cpu_step_kernels<TORCHOPS_CPU_CAPABILITY>() {
+const CpuStepKernels& cpu_step_kernels<TORCHOPS_CPU_CAPABILITY>() {
   using namespace TORCHOPS_CPU_CAPABILITY_NAMESPACE;
-  static const StepKernels k{gru_gates_cpu,    gru_output_cpu,   gru_backward_a_cpu,
-                             gru_backward_b_cpu, lstm_forward_cpu, lstm_backward_cpu};
+  static const CpuStepKernels k{{gru_gates_cpu, gru_output_cpu, gru_backward_a_cpu, gru_backward_b_cpu,
+                                 lstm_forward_cpu, lstm_backward_cpu},
+                                lstm_forward_bf16_rows};
   return k;
 }
 

@@ -8,7 +8,12 @@
 namespace torchops {
 namespace brnn {
 
-TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE(StepKernels, cpu_step_kernels);
+// The CPU table: the per-step kernels of every device and the CPU's own.
+struct CpuStepKernels : StepKernels {
+  void (*lstm_forward_bf16_rows)(const LstmBf16Rows& a);
+};
+
+TORCHOPS_DECLARE_CPU_CAPABILITY_TABLE(CpuStepKernels, cpu_step_kernels);
 
 }  // namespace brnn
 }  // namespace torchops

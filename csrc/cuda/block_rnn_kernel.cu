@@ -240,7 +240,7 @@ void lstm_backward_cuda(const at::Tensor& i, const at::Tensor& cs, const at::Ten
 const Kernels kCudaKernels{gru_gates_cuda, gru_output_cuda, gru_backward_a_cuda, gru_backward_b_cuda,
                            lstm_forward_cuda, lstm_backward_cuda, c10::DeviceType::CUDA,
                            lstm_forward_sequence_cuda, lstm_backward_sequence_cuda, gru_forward_sequence_cuda,
-                           gru_backward_sequence_cuda};
+                           gru_backward_sequence_cuda, nullptr};
 
 }  // namespace brnn
 }  // namespace torchops
