@@ -151,6 +151,9 @@ class Bf16StepGemm {
                                reinterpret_cast<uint16_t*>(packed_.mutable_data_ptr()));
   }
   bool packed() const { return packed_.defined(); }
+  // Counts route rnn.cpu.aten_bf16 where a bfloat16 CPU loop runs ATen's GEMM without trying the kernel (one
+  // step: packing w would cost as much as the product).
+  static void ran_aten() { cpu::gemm_route::aten_bf16.ran(); }
   // dst (bfloat16, contiguous) = src (float32, contiguous, as many elements) rounded; only where packed().
   static void round_into(const at::Tensor& dst, const at::Tensor& src) {
     cpu::packed_gemm_bf16_round(src.const_data_ptr<float>(), src.numel(),

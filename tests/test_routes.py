@@ -371,3 +371,29 @@ def test_recurrent_gemm_bf16_routes(route):
                              use_peephole=False)
     ref = _block_lstm_ref(x.double(), cs.double(), h.double(), w.double(), b.double(), 1.0)
     torch.testing.assert_close(out[6].double(), ref, rtol=0, atol=3e-2)
+
+
+@pytest.mark.parametrize("case", ["lstm_block_cell", "block_lstm T=1", "gru_block_cell", "block_gru T=1"])
+def test_single_step_bf16_loops_count_the_aten_gemm(case):
+    # One step runs ATen's bfloat16 GEMM whatever the CPU (packing the weight would cost as much as the
+    # product): forward and backward count route rnn.cpu.aten_bf16 and never the kernel's.
+    torch.manual_seed(6)
+    B, I, C = 3, 4, 8
+    r = lambda *s: (torch.randn(*s) * 0.3).bfloat16().requires_grad_()  # noqa: E731
+    x = r(1, B, I)
+    packed, aten = backends.hits("rnn.cpu.packed_avx512_bf16"), backends.hits("rnn.cpu.aten_bf16")
+    with forced_route("block_rnn.cpu.float32_cell", check=False):
+        if case.startswith("lstm_block_cell"):
+            out = ops.lstm_block_cell(x[0], r(B, C), r(B, C), r(I + C, 4 * C), r(C), r(C), r(C), r(4 * C))[6]
+        elif case.startswith("block_lstm"):
+            out = ops.block_lstm(torch.tensor(1), x, r(B, C), r(B, C), r(I + C, 4 * C), r(C), r(C), r(C),
+                                 r(4 * C))[6]
+        elif case.startswith("gru_block_cell"):
+            out = ops.gru_block_cell(x[0], r(B, C), r(I + C, 2 * C), r(I + C, C), r(2 * C), r(C))[3]
+        else:
+            out = ops.block_gru(torch.tensor(1), x, r(B, C), r(I + C, 2 * C), r(I + C, C), r(2 * C), r(C))[3]
+        forward = backends.hits("rnn.cpu.aten_bf16") - aten
+        out.float().sum().backward()
+    assert forward >= 1
+    assert backends.hits("rnn.cpu.aten_bf16") - aten > forward
+    assert backends.hits("rnn.cpu.packed_avx512_bf16") == packed

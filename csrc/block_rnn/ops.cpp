@@ -262,8 +262,8 @@ void gru_forward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at::
   const auto rec_ru_s = shared_step_gemm(wru_h, false, L), rec_c_s = shared_step_gemm(wc_h, false, L);
   const auto prj_ru_s = shared_step_gemm(wru_x, false, chunks0), prj_c_s = shared_step_gemm(wc_x, false, chunks0);
   std::optional<rnn_util::Bf16StepGemm> rec_ru16, rec_c16;
-  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16 && L > 1)
-    bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, false);
+  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16)
+    L > 1 ? bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, false) : rnn_util::Bf16StepGemm::ran_aten();
   for_batch_slices(x3, B, /*split=*/true, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     const at::Tensor xs = rows_of(x3, 1, b0, nb), hs = rows_of(h, 1, b0, nb), h0 = rows_of(h_prev, 0, b0, nb);
@@ -337,8 +337,8 @@ void gru_backward_core(const at::Tensor& x3, const at::Tensor& h_prev, const at:
   // every thread (measured: GRUBlockCell B=64 backward 0.50 split vs 0.46 ms unsplit).
   const auto rec_c_s = shared_step_gemm(wc_h, true, loop_steps), rec_ru_s = shared_step_gemm(wru_h, true, loop_steps);
   std::optional<rnn_util::Bf16StepGemm> rec_ru16, rec_c16;
-  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16 && loop_steps > 1)
-    bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, true);
+  if (x3.is_cpu() && x3.scalar_type() == at::kBFloat16 && loop_steps > 0)
+    loop_steps > 1 ? bf16_step_gemms(rec_ru16, wru_h, rec_c16, wc_h, true) : rnn_util::Bf16StepGemm::ran_aten();
   if (!whole) for_batch_slices(x3, B, /*split=*/L > 1, [&](int64_t b0, int64_t b1) {
     const int64_t nb = b1 - b0;
     auto s3 = [&](const at::Tensor& t3) { return rows_of(t3, 1, b0, nb); };
@@ -713,7 +713,10 @@ void lstm_forward_core(const at::Tensor& x3, const at::Tensor& cs_prev, const at
                         out.cs.is_contiguous() && out.f.is_contiguous() && out.o.is_contiguous() &&
                         out.ci.is_contiguous() && out.co.is_contiguous() && out.h.is_contiguous();
       std::optional<rnn_util::Bf16StepGemm> rec;
-      if (L > 1 && x3.scalar_type() == at::kBFloat16 && flat) rec.emplace(w, /*trans=*/false);
+      if (L > 1 && x3.scalar_type() == at::kBFloat16 && flat)
+        rec.emplace(w, /*trans=*/false);
+      else if (x3.scalar_type() == at::kBFloat16)
+        rnn_util::Bf16StepGemm::ran_aten();
       if (rec && rec->packed()) {
         lstm_forward_bf16(x3, cs_prev, h_prev, wci, wcf, wco, b, L, forget_bias, cell_clip, use_peephole, ifco, out, k,
                           *rec);
@@ -811,7 +814,10 @@ bool lstm_backward_steps_mixed(const at::Tensor& cs_prev, const at::Tensor& w_x,
   const int64_t B = cs_prev.size(0), C = cs_prev.size(1);
   const auto o32 = cs_prev.options().dtype(at::kFloat);
   std::optional<rnn_util::Bf16StepGemm> rec, xg;
-  if (input_grads && L > 1) rec.emplace(w_h, /*trans=*/true);
+  if (input_grads && L > 1)
+    rec.emplace(w_h, /*trans=*/true);
+  else if (input_grads && cs_prev.scalar_type() == at::kBFloat16)
+    rnn_util::Bf16StepGemm::ran_aten();
   if (rec && rec->packed() && x_grad.defined() && w_x.size(0) > 0) xg.emplace(w_x, /*trans=*/true);
   // With torchops' kernel each thread widens its rows of a step into cache-resident float32 rows (vector
   // conversions), not whole [L, B, C] float32 copies of every activation and incoming gradient.
