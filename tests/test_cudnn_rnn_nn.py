@@ -514,6 +514,26 @@ def test_batch_major_equals_time_major():
     close(c_b, c)
 
 
+def test_batch_major_output_is_the_ops_batch_major_output_with_torch_nn_strides():
+    # The module runs the op time-major on the transposed input: its output and gradients equal the op's own
+    # batch-major call exactly, and the output has the strides torch.nn.LSTM(batch_first=True) gives.
+    torch.manual_seed(9)
+    m = CudnnLSTM(2, 4, 3, direction="bidirectional", time_major=False)
+    x = torch.randn(3, 6, 3, requires_grad=True)
+    y, (h, c) = m(x)
+    ref = torch.nn.LSTM(3, 4, 2, bidirectional=True, batch_first=True)(x)[0]
+    assert y.shape == ref.shape and y.stride() == ref.stride() and not y.is_contiguous()
+    x2 = x.detach().clone().requires_grad_()
+    z = torch.zeros(3, 4, 4)
+    y2, h2, c2 = torch.ops.torchops.cudnn_rnn_v3(x2, z, z, m.params, torch.full([3], 6, dtype=torch.int32),
+                                                 direction="bidirectional", time_major=False)[:3]
+    assert torch.equal(y, y2) and torch.equal(h, h2.transpose(0, 1)) and torch.equal(c, c2.transpose(0, 1))
+    g = torch.randn(y.shape)
+    gx, gp = torch.autograd.grad((y * g).sum(), [x, m.params])
+    gx2, gp2 = torch.autograd.grad((y2 * g).sum(), [x2, m.params])
+    assert torch.equal(gx, gx2) and torch.equal(gp, gp2)
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Keras
 # ---------------------------------------------------------------------------------------------------------

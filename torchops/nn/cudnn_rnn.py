@@ -205,16 +205,14 @@ class _CudnnRNN(nn.Module):
     # -- forward --------------------------------------------------------------------------------------------
 
     def _state(self, state: Optional[Tensor], input: Tensor, batch: int, width: int, name: str) -> Tensor:
-        """The initial state in the op's layout: [L*D, B, n], or [B, L*D, n] with time_major=False (the op's
-        batch-major state layout); the module itself always takes torch's and TF's layer convention, [L*D, B, n]."""
+        """The initial state, [L*D, B, n] (torch's and TF's layer convention, the op's time-major layout)."""
         n = self.num_layers * self.num_dirs
         if state is None:
-            shape = [n, batch, width] if self.time_major else [batch, n, width]
-            return torch.zeros(shape, dtype=input.dtype, device=input.device)
+            return torch.zeros([n, batch, width], dtype=input.dtype, device=input.device)
         if state.dim() != 3 or state.size(0) != n or state.size(1) != batch or state.size(2) != width:
             raise ValueError(f"{name} must have shape [num_layers * num_dirs, batch, {width}] = "
                              f"[{n}, {batch}, {width}], got {list(state.shape)}")
-        return state if self.time_major else state.transpose(0, 1)
+        return state
 
     def _run(self, input: Tensor, h0: Optional[Tensor], c0: Optional[Tensor],
              sequence_lengths: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor]:
@@ -265,16 +263,15 @@ class _CudnnRNN(nn.Module):
         if self.training and dropout > 0.0 and self.seed != 0 and self.num_layers > 1:
             seed, seed2 = self.seed, self.dropout_step
             self.dropout_step = self.dropout_step + 1
+        # Batch-major input runs the op time-major on its transposed view, and the output is the op's transposed
+        # back, as torch.nn's batch_first RNNs return it: the op's batch-major output would be one more copy.
         out = torch.ops.torchops.cudnn_rnn_v3(
-            input, h, c, self.params, lengths, rnn_mode=self.rnn_mode, input_mode=self.input_mode,
-            direction=self.direction, dropout=dropout, seed=seed, seed2=seed2, num_proj=self.num_proj,
-            is_training=self.training or needs_grad, time_major=self.time_major)
-        output, h_n, c_n = out[0], out[1], out[2]
-        if not self.time_major:
-            h_n = h_n.transpose(0, 1)
-            if self.rnn_mode == "lstm":
-                c_n = c_n.transpose(0, 1)
-        return output, h_n, c_n
+            input if self.time_major else input.transpose(0, 1), h, c, self.params, lengths,
+            rnn_mode=self.rnn_mode, input_mode=self.input_mode, direction=self.direction, dropout=dropout,
+            seed=seed, seed2=seed2, num_proj=self.num_proj, is_training=self.training or needs_grad,
+            time_major=True)
+        output = out[0] if self.time_major else out[0].transpose(0, 1)
+        return output, out[1], out[2]
 
     # -- canonical (TF CudnnRNNParamsToCanonical) -----------------------------------------------------------
 
