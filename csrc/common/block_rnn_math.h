@@ -23,26 +23,44 @@ namespace brnn {
 // exact value (TF's, so): tanh <= 5.8 ulp, sigmoid <= 6.6 ulp (tools/tf_compare/ulp_check.cpp). Written without
 // branches or library calls (floor aside) so that compilers vectorize the gate loops. double: libm.
 // ---------------------------------------------------------------------------------------------------
+// Eigen's coefficients, shared by the float functions below and the AVX-512 bfloat16 LSTM step
+// (cpu/block_rnn_kernel_isa.cpp), which evaluates the same algorithms on vectors.
+namespace eigen_tanh {
+// the clamp c, and the numerator's (p) and denominator's (q) coefficients in x^2, highest first
+constexpr float kClamp = 7.90738964080810547f;
+constexpr float kP[4] = {1.394553628e-8f, 2.102733560e-5f, 3.520756727e-3f, 1.340216100e-1f};
+constexpr float kQ[5] = {8.015776984e-7f, 3.326951409e-4f, 2.597254514e-2f, 4.673548340e-1f, 1.0f};
+}  // namespace eigen_tanh
+namespace eigen_logistic {
+// the upper clamp, log2(e), ln(2) in two parts, the even and odd polynomial coefficients in r^2 (highest
+// first), and the argument below which S = 0
+constexpr float kHi = 16.6355324f, kLog2e = 1.44269504088896341f, kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+constexpr float kEven[2] = {4.1898667812347412109375e-2f, 0.49999141693115234375f};
+constexpr float kOdd[2] = {8.33471305668354034423828125e-3f, 0.16666877269744873046875f};
+constexpr float kZeroBelow = -104.0f;
+}  // namespace eigen_logistic
+
 C10_HOST_DEVICE inline float tanh_f(float a) {
 #ifdef __CUDA_ARCH__
   return ::tanhf(a);
 #else
   // Eigen's 9/8 rational interpolant on [-c, c], c the smallest argument where it is exactly +-1.
   // The selects keep NaN (as Eigen's pmin/pmax).
-  const float c = 7.90738964080810547f;
+  using namespace eigen_tanh;
+  const float c = kClamp;
   float x = c < a ? c : a;
   x = -c > x ? -c : x;
   const float x2 = x * x;
   const float x3 = x2 * x;
-  float p = 1.394553628e-8f;
-  p = p * x2 + 2.102733560e-5f;
-  p = p * x2 + 3.520756727e-3f;
-  p = p * x2 + 1.340216100e-1f;
-  float q = 8.015776984e-7f;
-  q = q * x2 + 3.326951409e-4f;
-  q = q * x2 + 2.597254514e-2f;
-  q = q * x2 + 4.673548340e-1f;
-  q = q * x2 + 1.0f;
+  float p = kP[0];
+  p = p * x2 + kP[1];
+  p = p * x2 + kP[2];
+  p = p * x2 + kP[3];
+  float q = kQ[0];
+  q = q * x2 + kQ[1];
+  q = q * x2 + kQ[2];
+  q = q * x2 + kQ[3];
+  q = q * x2 + kQ[4];
   p = x3 * p + x;
   return p / q;
 #endif
@@ -56,21 +74,21 @@ C10_HOST_DEVICE inline float sigmoid_f(float a) {
   const float e = ::expf(a < 0.f ? a : -a);
   return (a < 0.f ? e : 1.0f) / (1.0f + e);
 #else
-  const float hi = 16.6355324f;
-  float x = hi < a ? hi : a;
+  using namespace eigen_logistic;
+  float x = kHi < a ? kHi : a;
   x = x * 0.5f;
 #if defined(__GNUC__)
   // The builtin, not std::floor: an inline from <cmath> compiled without this file's fp-contract /
   // trapping-math settings would not be inlined into the kernels, which then would not vectorize.
-  const float m = __builtin_floorf(x * 1.44269504088896341f + 0.5f);
+  const float m = __builtin_floorf(x * kLog2e + 0.5f);
 #else
-  const float m = std::floor(x * 1.44269504088896341f + 0.5f);
+  const float m = std::floor(x * kLog2e + 0.5f);
 #endif
-  float r = m * -0.693359375f + x;
-  r = m * 2.12194440e-4f + r;
+  float r = m * -kLn2Hi + x;
+  r = m * -kLn2Lo + r;
   const float r2 = r * r;
-  const float p_even = r2 * 4.1898667812347412109375e-2f + 0.49999141693115234375f;
-  const float p_odd = r2 * 8.33471305668354034423828125e-3f + 0.16666877269744873046875f;
+  const float p_even = r2 * kEven[0] + kEven[1];
+  const float p_odd = r2 * kOdd[0] + kOdd[1];
   float p = r * p_odd + p_even;
   p = r2 * p + (r + 1.0f);
   // 2^m through the exponent bits, the biased exponent clamped to [0, 255] (NaN -> 0: p is NaN then).
@@ -83,7 +101,7 @@ C10_HOST_DEVICE inline float sigmoid_f(float a) {
   float e = p * scale;
   e = e * e;
   const float s = e / (1.0f + e);
-  return a < -104.0f ? 0.0f : s;
+  return a < kZeroBelow ? 0.0f : s;
 #endif
 }
 

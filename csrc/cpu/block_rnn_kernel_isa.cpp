@@ -115,43 +115,40 @@ void lstm_forward_row(int64_t C, const T* __restrict gi, const T* __restrict gci
 }
 
 #if TORCHOPS_CPU_CAPABILITY == 2
-// The AVX-512 build's LstmBf16Rows: TensorFlow's sigmoid and tanh algorithms (common/block_rnn_math.h) with
-// fused multiply-adds, 2^m by vscalefps, and the outputs rounded by vcvtneps2bf16 (to nearest even). Not bit
-// for bit TensorFlow's float32 math (the outputs are bfloat16, which TensorFlow computes differently anyway);
-// within a few float32 ulp of it. Only the bfloat16 loop reaches it, and only where the CPU has AVX-512 BF16
+// The AVX-512 build's LstmBf16Rows: TensorFlow's sigmoid and tanh algorithms and coefficients
+// (common/block_rnn_math.h) with fused multiply-adds, 2^m by vscalefps, and the outputs rounded by
+// vcvtneps2bf16 (to nearest even). Not bit for bit TensorFlow's float32 math (the outputs are bfloat16, which
+// TensorFlow computes differently anyway); within a few float32 ulp of it. Only the bfloat16 loop reaches it, and only where the CPU has AVX-512 BF16
 // (its GEMM needs it too), so it carries its own target like the packed GEMM's bfloat16 functions.
 #define TORCHOPS_BF16_TARGET __attribute__((target("avx512bf16")))
 
 TORCHOPS_BF16_TARGET inline __m512 v_sigmoid(__m512 a) {
-  const __m512 x = _mm512_mul_ps(_mm512_min_ps(_mm512_set1_ps(16.6355324f), a), _mm512_set1_ps(0.5f));
-  const __m512 m = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504088896341f), _mm512_set1_ps(0.5f)),
-                                        _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fmadd_ps(m, _mm512_set1_ps(-0.693359375f), x);
-  r = _mm512_fmadd_ps(m, _mm512_set1_ps(2.12194440e-4f), r);
+  using namespace eigen_logistic;
+  auto k = [](float v) { return _mm512_set1_ps(v); };
+  const __m512 x = _mm512_mul_ps(_mm512_min_ps(k(kHi), a), k(0.5f));
+  const __m512 m =
+      _mm512_roundscale_ps(_mm512_fmadd_ps(x, k(kLog2e), k(0.5f)), _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(m, k(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(m, k(kLn2Lo), r);
   const __m512 r2 = _mm512_mul_ps(r, r);
-  const __m512 p_even = _mm512_fmadd_ps(r2, _mm512_set1_ps(4.1898667812347412109375e-2f),
-                                        _mm512_set1_ps(0.49999141693115234375f));
-  const __m512 p_odd = _mm512_fmadd_ps(r2, _mm512_set1_ps(8.33471305668354034423828125e-3f),
-                                       _mm512_set1_ps(0.16666877269744873046875f));
+  const __m512 p_even = _mm512_fmadd_ps(r2, k(kEven[0]), k(kEven[1]));
+  const __m512 p_odd = _mm512_fmadd_ps(r2, k(kOdd[0]), k(kOdd[1]));
   __m512 p = _mm512_fmadd_ps(r, p_odd, p_even);
-  p = _mm512_fmadd_ps(r2, p, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  p = _mm512_fmadd_ps(r2, p, _mm512_add_ps(r, k(1.0f)));
   __m512 e = _mm512_scalef_ps(p, m);
   e = _mm512_mul_ps(e, e);
-  const __m512 s = _mm512_div_ps(e, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-  return _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(a, _mm512_set1_ps(-104.0f), _CMP_LT_OQ), s);
+  const __m512 s = _mm512_div_ps(e, _mm512_add_ps(k(1.0f), e));
+  return _mm512_maskz_mov_ps(~_mm512_cmp_ps_mask(a, k(kZeroBelow), _CMP_LT_OQ), s);
 }
 
 TORCHOPS_BF16_TARGET inline __m512 v_tanh(__m512 a) {
-  const float c = 7.90738964080810547f;
-  const __m512 x = _mm512_max_ps(_mm512_set1_ps(-c), _mm512_min_ps(_mm512_set1_ps(c), a));
+  using namespace eigen_tanh;
+  auto k = [](float v) { return _mm512_set1_ps(v); };
+  const __m512 x = _mm512_max_ps(k(-kClamp), _mm512_min_ps(k(kClamp), a));
   const __m512 x2 = _mm512_mul_ps(x, x), x3 = _mm512_mul_ps(x2, x);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(1.394553628e-8f), x2, _mm512_set1_ps(2.102733560e-5f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(3.520756727e-3f));
-  p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(1.340216100e-1f));
-  __m512 q = _mm512_fmadd_ps(_mm512_set1_ps(8.015776984e-7f), x2, _mm512_set1_ps(3.326951409e-4f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(2.597254514e-2f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(4.673548340e-1f));
-  q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(1.0f));
+  __m512 p = k(kP[0]), q = k(kQ[0]);
+  for (int j = 1; j < 4; ++j) p = _mm512_fmadd_ps(p, x2, k(kP[j]));
+  for (int j = 1; j < 5; ++j) q = _mm512_fmadd_ps(q, x2, k(kQ[j]));
   return _mm512_div_ps(_mm512_fmadd_ps(x3, p, x), q);
 }
 
